@@ -1,0 +1,354 @@
+"""Headless entry point over the engine API: ``studio render``, ``studio models``.
+
+Exit codes: 0 done, 2 bad input (one line per problem, naming the field; no traceback),
+1 internal error (a message and the log file holding the traceback), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class BadInput(Exception):
+    """A problem the user can fix; printed as ``error: <message>`` with exit code 2."""
+
+
+def _positive_float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="studio", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("render", help="generate an image or a video",
+                       description="Generate an image or a video; the request is embedded in "
+                                   "the output file. Unset values take the model's defaults.")
+    r.add_argument("--prompt", default=None, help="what to generate")
+    r.add_argument("--negative-prompt", default=None, help="what to avoid")
+    r.add_argument("--mode", choices=["t2i", "i2i", "t2v", "i2v", "r2v"], default=None,
+                   help="t2i text-to-image (default), i2i image-to-image, t2v text-to-video, "
+                        "i2v image-to-video, r2v reference-to-video")
+    r.add_argument("--model", default=None, help="model id (default: the embedded model; "
+                                                 "see `studio models`)")
+    r.add_argument("--model-folder", action="append", default=[],
+                   help="a folder of diffusers models to search (repeatable)")
+    r.add_argument("--seed", type=int, default=None, help="noise seed (default: random)")
+    r.add_argument("--steps", type=int, default=None, help="denoising steps")
+    r.add_argument("--guidance", type=_positive_float, default=None,
+                   help="classifier-free guidance scale")
+    r.add_argument("--width", type=int, default=None, help="width in pixels")
+    r.add_argument("--height", type=int, default=None, help="height in pixels")
+    r.add_argument("--frames", type=int, default=None, help="video frames")
+    r.add_argument("--fps", type=_positive_float, default=None, help="video frames per second")
+    r.add_argument("--init-image", default=None, help="image-to-image: the starting image")
+    r.add_argument("--strength", type=_positive_float, default=None,
+                   help="image-to-image: how much to change, 0-1 (default 0.8)")
+    r.add_argument("--mask", default=None, help="image-to-image: white = repaint")
+    r.add_argument("--first-frame", default=None, help="image-to-video: the first frame")
+    r.add_argument("--reference", action="append", default=[],
+                   help="reference-to-video: a reference image (repeatable)")
+    r.add_argument("--profile", choices=["exact", "quality", "balanced", "fast"], default=None,
+                   help="optimization profile (default exact: the stock result)")
+    r.add_argument("--from", dest="from_file", default=None, metavar="FILE",
+                   help="re-run the request embedded in a PNG/MP4/GIF/WebP made by the studio "
+                        "(other options override it; input images must be given again)")
+    r.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    r.add_argument("--out", required=True, help="output file: .png, .mp4, .gif or .webp")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    m = sub.add_parser("models", help="list the models the studio can see")
+    m.add_argument("--model-folder", action="append", default=[])
+    m.add_argument("--no-hf-cache", action="store_true", help="skip the Hugging Face cache")
+    return parser
+
+
+# -- request building ---------------------------------------------------------------------
+def _load_inputs(args, mode: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Loads the input images; returns (request fields, content id -> pixels)."""
+    from studio.core.media import load_user_image
+    from studio.core.request import MediaRef
+
+    fields: dict[str, Any] = {}
+    pixels: dict[str, Any] = {}
+
+    def load(path: str, field: str, mask: bool = False) -> MediaRef:
+        img = load_user_image(path, field, mask=mask)
+        pixels[img.content_id] = img.pixels
+        return MediaRef(img.content_id, img.source, img.conversion)
+
+    if args.init_image:
+        fields["init_image"] = load(args.init_image, "init_image")
+    if args.mask:
+        fields["mask"] = load(args.mask, "mask", mask=True)
+    if args.first_frame:
+        fields["first_frame"] = load(args.first_frame, "first_frame")
+    if args.reference:
+        fields["references"] = tuple(load(p, f"references[{i}]")
+                                     for i, p in enumerate(args.reference))
+    return fields, pixels
+
+
+def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
+    """Turns CLI arguments into a checked request.
+
+    Returns:
+        (request, input pixels by content id, notes for the user).
+    Raises:
+        BadInput: any problem (the message names the field).
+    """
+    from studio.core.media import InputImageError, fit_size
+    from studio.core.request import GenerationRequest, OptimizationSettings
+    from studio.engine.models.folders import ModelError
+    from studio.store.export import read_metadata
+
+    base: dict[str, Any] = {}
+    notes: list[str] = []
+    if args.from_file:
+        try:
+            base = dict(read_metadata(args.from_file)["request"])
+        except ValueError as exc:
+            raise BadInput(f"from: {exc}") from None
+        base.pop("schema", None)
+    mode = args.mode or base.get("mode") or ("i2i" if args.init_image else
+                                             "i2v" if args.first_frame else
+                                             "r2v" if args.reference else "t2i")
+    model_id = args.model or base.get("model") or "embedded"
+    try:
+        entry = registry.resolve(model_id)
+    except ModelError as exc:
+        raise BadInput(str(exc)) from None
+    caps = entry.capabilities
+    try:
+        fields, pixels = _load_inputs(args, mode)
+    except InputImageError as exc:
+        raise BadInput(str(exc)) from None
+    if base:
+        for name in ("init_image", "mask", "first_frame"):
+            recorded = base.get(name)
+            if recorded and name not in fields:
+                raise BadInput(f"{name}: the request in {args.from_file} used an input image "
+                               f"(content id {recorded['content_id']}); give it again with "
+                               f"--{name.replace('_', '-')}")
+            if recorded and fields[name].content_id != recorded["content_id"]:
+                raise BadInput(f"{name}: the image given is not the one the request in "
+                               f"{args.from_file} used (content id {recorded['content_id']})")
+        if base.get("references") and "references" not in fields:
+            raise BadInput(f"references: the request in {args.from_file} used reference "
+                           f"images; give them again with --reference")
+        if "references" in fields and base.get("references"):
+            want = [r["content_id"] for r in base["references"]]
+            got = [r.content_id for r in fields["references"]]
+            if want != got:
+                raise BadInput("references: the images given are not the ones the request "
+                               "used (content ids differ)")
+    video = mode in ("t2v", "i2v", "r2v")
+
+    def pick(cli_value, key, default):
+        if cli_value is not None:
+            return cli_value
+        return base.get(key, default)
+
+    width, height = args.width, args.height
+    if width is None and height is None and "width" not in base:
+        source = fields.get("init_image") or fields.get("first_frame")
+        if source is not None:
+            w0, h0 = pixels[source.content_id].shape[1], pixels[source.content_id].shape[0]
+            width, height = fit_size((w0, h0), caps.spatial_multiple, caps.max_pixels,
+                                     caps.min_size, caps.max_size)
+            if (width, height) != (w0, h0):
+                notes.append(f"size: using {width}x{height} for the {w0}x{h0} input image "
+                             f"(nearest multiple of {caps.spatial_multiple} within the model's "
+                             f"limits; resized to cover and centre-cropped)")
+    req_fields = dict(
+        mode=mode, model=entry.model_id,
+        prompt=pick(args.prompt, "prompt", None),
+        negative_prompt=pick(args.negative_prompt, "negative_prompt", ""),
+        seed=pick(args.seed, "seed", None),
+        steps=pick(args.steps, "steps", caps.default_steps),
+        guidance_scale=pick(args.guidance, "guidance_scale", caps.default_guidance),
+        width=width if width is not None else base.get("width", caps.default_width),
+        height=height if height is not None else base.get("height", caps.default_height),
+        num_frames=pick(args.frames, "num_frames", caps.default_frames if video else 1),
+        fps=pick(args.fps, "fps", caps.default_fps),
+        strength=pick(args.strength, "strength", 0.8),
+        model_hash=registry.content_hash(entry),
+        optimization=OptimizationSettings(
+            profile=args.profile or base.get("optimization", {}).get("profile", "exact")),
+        **fields)
+    if not video and args.frames is None:
+        req_fields["num_frames"] = 1
+    if video and req_fields["num_frames"] == 1 and args.frames is None:
+        req_fields["num_frames"] = caps.default_frames
+    if req_fields["prompt"] is None:
+        if mode in ("t2i", "t2v"):
+            raise BadInput("prompt: required for text-to-image/video (--prompt \"...\")")
+        req_fields["prompt"] = ""
+    if req_fields["seed"] is None:
+        req_fields["seed"] = secrets.randbelow(2**32)
+        notes.append(f"seed: {req_fields['seed']} (random; pass --seed to choose)")
+    if base.get("model_hash") and base["model_hash"] != req_fields["model_hash"] and \
+            not args.model:
+        notes.append(f"model: the weights of {entry.model_id} changed since the file was made "
+                     f"(hash {base['model_hash'][:10]} -> {req_fields['model_hash'][:10]}); "
+                     f"pixels may differ")
+    request = GenerationRequest(**req_fields)
+    problems = request.validate(caps)
+    if problems:
+        raise BadInput("\nerror: ".join(str(p) for p in problems))
+    return request, pixels, notes
+
+
+# -- commands -----------------------------------------------------------------------------
+class ProgressBar:
+    """A one-line progress bar on stderr (only when stderr is a terminal, unless forced)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.last = 0.0
+
+    def update(self, step: int, total: int, elapsed: float, eta: float) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self.last < 0.1 and step < total:
+            return
+        self.last = now
+        width = 30
+        done = int(width * step / max(total, 1))
+        sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] step {step}/{total} "
+                         f"{elapsed:5.1f}s elapsed, ~{eta:4.1f}s left")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+async def _run_job(request, pixels, config, bar: ProgressBar):
+    from studio.engine import events as ev
+    from studio.engine.api import Engine
+
+    async with Engine(config=config) as engine, engine.events() as stream:
+        job = engine.submit(request, pixels)
+        try:
+            async for event in stream:
+                if isinstance(event, ev.Progress):
+                    bar.update(event.step, event.total_steps, event.elapsed_s, event.eta_s)
+                if event.terminal and event.job_id == job:
+                    return event
+        except asyncio.CancelledError:
+            engine.cancel(job)
+            raise
+    raise RuntimeError("the engine closed before the job ended")
+
+
+def cmd_render(args) -> int:
+    from studio.engine import events as ev
+    from studio.engine.models.registry import ModelRegistry
+    from studio.engine.worker import WorkerConfig
+    from studio.store.export import check_suffix, write_result
+
+    registry = ModelRegistry(args.model_folder)
+    request, pixels, notes = build_request(args, registry)
+    try:
+        check_suffix(args.out, request.num_frames)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    config = WorkerConfig(model_folders=tuple(args.model_folder), device=args.device)
+    bar = ProgressBar(not args.quiet and sys.stderr.isatty())
+    try:
+        event = asyncio.run(_run_job(request, pixels, config, bar))
+    finally:
+        bar.close()
+    if isinstance(event, ev.Failed):
+        if event.kind in (ev.BAD_INPUT, ev.MODEL_ERROR):
+            raise BadInput(event.message)
+        print(f"error: {event.message}", file=sys.stderr)
+        return EXIT_INTERNAL
+    if isinstance(event, ev.Cancelled):
+        print("cancelled", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    path = write_result(args.out, event.frames, event.fps, event.request_json,
+                        event.environment)
+    f, h, w, _ = event.frames.shape
+    what = f"{w}x{h} image" if f == 1 else f"{w}x{h} video, {f} frames at {event.fps:g} fps"
+    t = event.timings
+    print(f"wrote {path} ({what}; seed {request.seed}; {t['total']:.2f}s: load "
+          f"{t['load']:.2f}s, denoise {t['denoise']:.2f}s, decode {t['decode']:.2f}s)")
+    for note in event.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_models(args) -> int:
+    from studio.engine.models.registry import ModelRegistry
+
+    registry = ModelRegistry(args.model_folder, include_hf_cache=not args.no_hf_cache)
+    entries = registry.list()
+    rows = [("MODEL", "FAMILY", "MODES", "SIZE", "DTYPE", "STATUS")]
+    for e in entries:
+        modes = ",".join(m for m in ("t2i", "i2i", "t2v", "i2v", "r2v")
+                         if e.capabilities and m in e.capabilities.modes)
+        rows.append((e.model_id, e.family, modes or "-", _size(e.size_bytes), e.dtype or "-",
+                     "ok" if e.usable else f"unusable: {e.error}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        print("  ".join(c.ljust(widths[i]) for i, c in enumerate(r[:5])) + "  " + r[5])
+    return EXIT_OK
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from studio.paths import log_dir
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("diffusers", "transformers"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    try:
+        if args.command == "render":
+            return cmd_render(args)
+        return cmd_models(args)
+    except BadInput as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception:
+        import traceback
+
+        path = Path(log_dir()) / "cli.log"
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {sys.argv}\n"
+                     f"{traceback.format_exc()}\n")
+        exc = sys.exc_info()[1]
+        print(f"error: internal error: {type(exc).__name__}: {exc} (details in {path})",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

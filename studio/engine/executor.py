@@ -1,0 +1,238 @@
+"""Runs one job to its end on the device this process owns.
+
+:class:`JobExecutor` is what a worker (a thread, a child process, later a rank group) calls
+for each job: it resolves the model, checks the request against the model's capabilities and
+the input pixels against their content ids, keeps recently used models loaded, drives the
+family runner and turns every outcome into exactly one terminal event.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import platform
+import time
+import traceback
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from studio.core.media import InputImageError, pixels_content_id
+from studio.core.request import EngineEnvironment, GenerationRequest, RequestError
+from studio.engine import events as ev
+from studio.engine.models.folders import ModelError
+from studio.engine.models.registry import ModelEntry, ModelRegistry
+from studio.engine.pipelines.base import FamilyRunner, JobCancelled
+from studio.paths import log_dir
+
+log = logging.getLogger("studio.engine")
+
+
+@dataclass
+class Job:
+    """A submitted job: the request and the pixels of the inputs it names (by content id).
+
+    Attributes:
+        job_id: unique id (hex).
+        request: the request.
+        inputs: content id -> uint8 pixels ((H, W, 3), or (H, W) for masks).
+    """
+
+    job_id: str
+    request: GenerationRequest
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def runner_class(family: str) -> type[FamilyRunner]:
+    """The runner for a family (imported lazily: diffusers is heavy)."""
+    if family == "wan":
+        from studio.engine.pipelines.wan import WanRunner
+
+        return WanRunner
+    if family == "flux":
+        from studio.engine.pipelines.flux import FluxRunner
+
+        return FluxRunner
+    raise ModelError(f"no runner for model family {family!r}")
+
+
+def _quiet_libraries() -> None:
+    """Routes diffusers' and transformers' chatter (progress bars, deprecation notes) to the
+    log at ERROR level; called when an executor is built, never at import."""
+    import warnings
+
+    import diffusers
+    import transformers
+
+    diffusers.utils.logging.set_verbosity_error()
+    diffusers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning, module="diffusers")
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class JobExecutor:
+    """Executes jobs one at a time; keeps up to ``max_loaded`` models loaded (LRU).
+
+    Args:
+        registry: where models are resolved.
+        device: the device to run on (default: CUDA if present, else CPU).
+        max_loaded: models kept loaded between jobs.
+    """
+
+    def __init__(self, registry: ModelRegistry | None = None, device: torch.device | None = None,
+                 max_loaded: int = 2):
+        self.registry = registry or ModelRegistry()
+        self.device = device or default_device()
+        self.dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
+        self.max_loaded = max_loaded
+        self.loaded: OrderedDict[str, FamilyRunner] = OrderedDict()
+        self.load_count = 0
+        _quiet_libraries()
+
+    # -- environment ------------------------------------------------------------------------
+    def environment(self) -> EngineEnvironment:
+        """What of this process's environment affects pixels."""
+        import diffusers
+        import transformers
+
+        from studio import __version__
+
+        name = "cpu (%s)" % (platform.processor() or platform.machine())
+        if self.device.type == "cuda":
+            name = f"cuda:{self.device.index or 0} ({torch.cuda.get_device_name(self.device)})"
+        return EngineEnvironment(
+            device=name, dtype=str(self.dtype).removeprefix("torch."),
+            torch_threads=torch.get_num_threads(),
+            versions={"torch": torch.__version__, "diffusers": diffusers.__version__,
+                      "transformers": transformers.__version__, "studio": __version__,
+                      "python": platform.python_version()},
+            deterministic=self.device.type == "cpu")
+
+    # -- models -----------------------------------------------------------------------------
+    def runner_for(self, entry: ModelEntry) -> tuple[FamilyRunner, float]:
+        """The loaded runner for ``entry`` (loading it if needed) and the load time in s."""
+        key = str(entry.path)
+        if key in self.loaded:
+            self.loaded.move_to_end(key)
+            return self.loaded[key], 0.0
+        while len(self.loaded) >= self.max_loaded:
+            self.loaded.popitem(last=False)
+            gc.collect()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        t0 = time.perf_counter()
+        runner = runner_class(entry.family)(entry, self.device, self.dtype)
+        self.load_count += 1
+        self.loaded[key] = runner
+        return runner, time.perf_counter() - t0
+
+    # -- jobs -------------------------------------------------------------------------------
+    def prepare(self, job: Job) -> tuple[GenerationRequest, ModelEntry]:
+        """Resolves the model and checks the request and its inputs (no model work).
+
+        Raises:
+            ModelError, RequestError, InputImageError.
+        """
+        request = job.request
+        entry = self.registry.resolve(request.model)
+        request.check(entry.capabilities)
+        model_hash = self.registry.content_hash(entry)
+        if request.model_hash and request.model_hash != model_hash:
+            raise ModelError(f"model_hash: the request was made with weights {request.model_hash}"
+                             f" but {entry.model_id} now has {model_hash}")
+        for name, ref in request.media_refs():
+            pixels = job.inputs.get(ref.content_id)
+            if pixels is None:
+                raise InputImageError(f"{name}: the pixels of input {ref.content_id} were not "
+                                      f"given")
+            if pixels_content_id(pixels) != ref.content_id:
+                raise InputImageError(f"{name}: the image given does not match the content id "
+                                      f"{ref.content_id} recorded in the request (a different "
+                                      f"file?)")
+        if not request.model_hash:
+            request = request.replace(model_hash=model_hash)
+        return request, entry
+
+    def execute(self, job: Job, emit: Callable[[ev.JobEvent], None],
+                is_cancelled: Callable[[], bool]) -> ev.JobEvent:
+        """Runs ``job``; emits Started and Progress, and returns (and emits) the terminal event.
+        Never raises for a job's failure."""
+        jid = job.job_id
+        t_start = time.perf_counter()
+        emit(ev.Started(jid))
+        step_seen = 0
+        peak = _rss_bytes()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        try:
+            if is_cancelled():
+                raise JobCancelled(0)
+            request, entry = self.prepare(job)
+            runner, load_s = self.runner_for(entry)
+            t_denoise = [0.0]
+
+            def on_step(step: int, total: int, latents: torch.Tensor) -> None:
+                nonlocal step_seen, peak
+                step_seen = step
+                now = time.perf_counter()
+                if step == 1:
+                    t_denoise[0] = now
+                peak = max(peak, _rss_bytes())
+                preview = None
+                if runner.preview is not None and latents is not None:
+                    preview = runner.preview(latents)
+                per_step = (now - t_denoise[0]) / max(step - 1, 1) if step > 1 else 0.0
+                emit(ev.Progress(jid, step, total, now - t_start,
+                                 per_step * max(total - step, 0), preview))
+                if is_cancelled():
+                    raise JobCancelled(step)
+
+            with torch.inference_mode():
+                out = runner.run(request, job.inputs, on_step)
+            frames = (np.clip(out.frames, 0.0, 1.0) * 255).round().astype(np.uint8)
+            peak = max(peak, _rss_bytes())
+            if self.device.type == "cuda":
+                peak = int(torch.cuda.max_memory_allocated(self.device))
+            timings = {"load": load_s, **out.timings, "total": time.perf_counter() - t_start}
+            result: ev.JobEvent = ev.Finished(
+                jid, frames=frames, fps=float(request.fps), request_json=request.to_json(),
+                environment=self.environment().to_dict(), timings=timings,
+                peak_memory_bytes=int(peak), notes=tuple(out.notes))
+        except JobCancelled as exc:
+            result = ev.Cancelled(jid, during_step=exc.step or step_seen)
+        except (RequestError, InputImageError) as exc:
+            result = ev.Failed(jid, ev.BAD_INPUT, str(exc))
+        except ModelError as exc:
+            result = ev.Failed(jid, ev.MODEL_ERROR, str(exc))
+        except torch.OutOfMemoryError as exc:
+            result = ev.Failed(jid, ev.OUT_OF_MEMORY, f"out of memory: {str(exc)[:200]}")
+        except Exception as exc:  # a bug: keep the worker alive, report it, keep the trace
+            path = log_dir() / "engine.log"
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(f"--- job {jid} {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+                         f"{job.request.to_json()}\n{traceback.format_exc()}\n")
+            log.exception("job %s failed", jid)
+            result = ev.Failed(jid, ev.INTERNAL,
+                               f"internal error: {type(exc).__name__}: {str(exc)[:200]} "
+                               f"(details in {path})", str(path))
+        emit(result)
+        return result

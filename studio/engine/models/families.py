@@ -1,0 +1,85 @@
+"""Model families: which diffusers pipeline classes belong to which family, and the
+capabilities (modes, size and frame rules, defaults) read from a folder's configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from studio.core.capabilities import ModelCapabilities
+from studio.engine.models.folders import ModelError, read_json
+
+PIPELINE_FAMILIES = {
+    "WanPipeline": "wan",
+    "WanImageToVideoPipeline": "wan",
+    "WanVideoToVideoPipeline": "wan",
+    "FluxPipeline": "flux",
+    "FluxImg2ImgPipeline": "flux",
+}
+SUPPORTED_FAMILIES = ("wan", "flux")
+
+
+def family_of(pipeline_class: str) -> str:
+    """The family of a diffusers pipeline class name, or ``unknown``."""
+    return PIPELINE_FAMILIES.get(pipeline_class, "unknown")
+
+
+def _wan_caps(folder: Path, index: dict, name: str) -> ModelCapabilities:
+    vae = read_json(folder / "vae" / "config.json", name)
+    tr = read_json(folder / "transformer" / "config.json", name)
+    spatial = int(vae.get("scale_factor_spatial") or 8)
+    temporal = int(vae.get("scale_factor_temporal") or 4)
+    patch = tr.get("patch_size") or [1, 2, 2]
+    z_dim = int(vae.get("z_dim", 16))
+    in_ch = int(tr.get("in_channels", z_dim))
+    cls = index.get("_class_name")
+    expand = bool(index.get("expand_timesteps"))
+    modes: set[str] = set()
+    if in_ch == z_dim:
+        # Latents-only input: text-to-video, images as one-frame videos, and SDEdit.
+        modes |= {"t2v", "t2i", "i2i"}
+        if cls == "WanImageToVideoPipeline" and expand:
+            modes.add("i2v")  # Wan 2.2 TI2V: clean first-frame latents, zero timestep
+    elif cls == "WanImageToVideoPipeline":
+        modes.add("i2v")  # Wan 2.1 I2V: image latents and mask concatenated on channels
+    if not modes:
+        raise ModelError(f"{name}: Wan transformer with {in_ch} input channels and a VAE with "
+                         f"{z_dim} latent channels is not a layout this studio runs")
+    big = int(tr.get("num_layers", 1)) >= 20
+    return ModelCapabilities(
+        name=name, family="wan", modes=frozenset(modes),
+        spatial_multiple=spatial * int(patch[1]), frame_multiple=temporal,
+        min_size=spatial * int(patch[1]), max_size=1920 if big else 512,
+        max_pixels=1280 * 720 if big else 512 * 512, max_frames=161 if big else 81,
+        default_width=832 if big else 64, default_height=480 if big else 64,
+        default_frames=81 if big else 9, default_fps=16.0, default_steps=50 if big else 20,
+        default_guidance=5.0, guidance_range=(1.0, 20.0))
+
+
+def _flux_caps(folder: Path, index: dict, name: str) -> ModelCapabilities:
+    vae = read_json(folder / "vae" / "config.json", name)
+    tr = read_json(folder / "transformer" / "config.json", name)
+    spatial = 2 ** (len(vae.get("block_out_channels", [0, 0, 0, 0])) - 1)
+    big = int(tr.get("num_single_layers", 1)) >= 20
+    distilled = bool(tr.get("guidance_embeds", False))
+    return ModelCapabilities(
+        name=name, family="flux", modes=frozenset({"t2i", "i2i"}),
+        spatial_multiple=spatial * 2, min_size=spatial * 2, max_size=2048 if big else 512,
+        max_pixels=2048 * 2048 if big else 512 * 512,
+        default_width=1024 if big else 64, default_height=1024 if big else 64,
+        default_steps=28 if big else 8, default_guidance=3.5 if distilled else 0.0,
+        guidance_range=(0.0, 30.0))
+
+
+def capabilities_for(family: str, folder: Path, index: dict, *, name: str) -> ModelCapabilities:
+    """Reads a folder's configs into :class:`ModelCapabilities`.
+
+    Raises:
+        ModelError: the family is not supported, or its configs do not fit it.
+    """
+    if family == "wan":
+        return _wan_caps(folder, index, name)
+    if family == "flux":
+        return _flux_caps(folder, index, name)
+    cls = index.get("_class_name", "?")
+    raise ModelError(f"{name}: pipeline {cls} is not supported yet (supported families: "
+                     f"{', '.join(SUPPORTED_FAMILIES)})")

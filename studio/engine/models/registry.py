@@ -1,0 +1,241 @@
+"""The model registry: the embedded default, local diffusers folders and the HF cache.
+
+Model ids:
+
+* ``embedded`` (or the embedded model's folder name): the default model in ``assets/models``.
+* a path to a diffusers-format folder (holding ``model_index.json``).
+* ``org/name``: a model in the Hugging Face cache layout
+  (``$HF_HUB_CACHE`` or ``~/.cache/huggingface/hub``: ``models--org--name/snapshots/<rev>``,
+  the revision that ``refs/main`` names, else the newest snapshot).
+* the name of a folder directly inside one of the configured model folders.
+
+Nothing here touches the network or loads weights: listing and resolving only read JSON
+configs and safetensors headers. Loading happens in :mod:`studio.engine.models.loading`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from studio.core.capabilities import ModelCapabilities
+from studio.engine.models.families import capabilities_for, family_of
+from studio.engine.models.folders import (
+    ModelError,
+    check_folder,
+    folder_size,
+    read_json,
+    weights_hash,
+)
+from studio.paths import ASSETS
+
+EMBEDDED_ID = "embedded"
+EMBEDDED_DIR = ASSETS / "models"
+DEFAULT_EMBEDDED = "tiny-wan"
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model the registry knows, usable or not.
+
+    Attributes:
+        model_id: how requests name it.
+        path: the diffusers folder.
+        family: e.g. ``wan``, ``flux``; ``unknown`` when not recognised.
+        source: ``embedded``, ``folder`` or ``hf-cache``.
+        size_bytes: bytes on disk.
+        dtype: dtype of the stored weights (from the safetensors headers), e.g. ``bfloat16``.
+        capabilities: the modes and rules; None when unusable.
+        error: why it cannot be used (empty when usable).
+        pipeline_class: diffusers pipeline class named in model_index.json.
+    """
+
+    model_id: str
+    path: Path
+    family: str = "unknown"
+    source: str = "folder"
+    size_bytes: int = 0
+    dtype: str = ""
+    capabilities: ModelCapabilities | None = None
+    error: str = ""
+    pipeline_class: str = ""
+    index: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def usable(self) -> bool:
+        return not self.error and self.capabilities is not None
+
+
+def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache folder, by the same environment variables as huggingface_hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    hf_home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "huggingface")
+    return Path(hf_home) / "hub"
+
+
+def _hf_snapshot(repo_dir: Path) -> Path | None:
+    ref = repo_dir / "refs" / "main"
+    snaps = repo_dir / "snapshots"
+    if ref.is_file():
+        candidate = snaps / ref.read_text().strip()
+        if candidate.is_dir():
+            return candidate
+    if snaps.is_dir():
+        found = sorted((p for p in snaps.iterdir() if p.is_dir()),
+                       key=lambda p: p.stat().st_mtime, reverse=True)
+        if found:
+            return found[0]
+    return None
+
+
+def _stored_dtype(files: list[Path]) -> str:
+    names = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
+             "F8_E5M2": "float8_e5m2", "I8": "int8", "U8": "uint8"}
+    counts: dict[str, int] = {}
+    for p in files:
+        try:
+            with open(p, "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                header = json.loads(fh.read(n))
+        except (OSError, ValueError):
+            continue
+        for key, meta in header.items():
+            if key != "__metadata__":
+                begin, end = meta["data_offsets"]
+                counts[meta["dtype"]] = counts.get(meta["dtype"], 0) + end - begin
+    if not counts:
+        return ""
+    return names.get(max(counts, key=counts.get), max(counts, key=counts.get).lower())
+
+
+class ModelRegistry:
+    """Finds models and checks them before anything is loaded.
+
+    Args:
+        model_folders: folders whose sub-folders are diffusers models (the user's settings).
+        include_hf_cache: also list models in the Hugging Face cache.
+        embedded_dir: where the embedded models are (default ``assets/models``).
+    """
+
+    def __init__(self, model_folders: list[str | os.PathLike[str]] | None = None, *,
+                 include_hf_cache: bool = True, embedded_dir: Path | None = None):
+        self.model_folders = [Path(p).expanduser() for p in (model_folders or [])]
+        self.include_hf_cache = include_hf_cache
+        self.embedded_dir = embedded_dir or EMBEDDED_DIR
+        self._hash_cache: dict[Path, str] = {}
+
+    # -- discovery --------------------------------------------------------------------------
+    def list(self) -> list[ModelEntry]:
+        """Every model found, usable or not (an unusable one carries its ``error``).
+
+        A folder that cannot be read is listed with the reason; it never stops the scan.
+        """
+        entries: list[ModelEntry] = []
+        if self.embedded_dir.is_dir():
+            for sub in sorted(self.embedded_dir.iterdir()):
+                if sub.is_dir():
+                    mid = EMBEDDED_ID if sub.name == DEFAULT_EMBEDDED else sub.name
+                    entries.append(self.inspect(sub, model_id=mid, source="embedded"))
+        for folder in self.model_folders:
+            try:
+                subs = sorted(p for p in folder.iterdir() if p.is_dir())
+            except OSError as exc:
+                entries.append(ModelEntry(str(folder), folder,
+                                          error=f"cannot read folder: {exc.strerror}"))
+                continue
+            if (folder / "model_index.json").exists():
+                subs = [folder]
+            for sub in subs:
+                entries.append(self.inspect(sub, model_id=str(sub), source="folder"))
+        if self.include_hf_cache:
+            cache = hf_cache_dir()
+            try:
+                repos = sorted(p for p in cache.iterdir() if p.name.startswith("models--"))
+            except OSError:
+                repos = []
+            for repo in repos:
+                mid = repo.name[len("models--"):].replace("--", "/")
+                snap = _hf_snapshot(repo)
+                if snap is None:
+                    entries.append(ModelEntry(mid, repo, source="hf-cache",
+                                              error="no downloaded snapshot"))
+                elif (snap / "model_index.json").exists():
+                    entries.append(self.inspect(snap, model_id=mid, source="hf-cache"))
+        return entries
+
+    def inspect(self, folder: Path, *, model_id: str | None = None,
+                source: str = "folder") -> ModelEntry:
+        """Checks one folder; never raises for a bad folder (the entry carries the error)."""
+        mid = model_id or str(folder)
+        try:
+            index, files = check_folder(folder)
+        except ModelError as exc:
+            return ModelEntry(mid, folder, source=source, error=str(exc),
+                              size_bytes=folder_size(folder) if folder.is_dir() else 0)
+        except OSError as exc:
+            return ModelEntry(mid, folder, source=source, error=f"unreadable: {exc}")
+        cls = str(index.get("_class_name", ""))
+        family = family_of(cls)
+        entry = ModelEntry(mid, folder, family=family, source=source,
+                           size_bytes=folder_size(folder), dtype=_stored_dtype(files),
+                           pipeline_class=cls, index=index)
+        try:
+            caps = capabilities_for(family, folder, index, name=mid)
+        except ModelError as exc:
+            return replace(entry, error=str(exc))
+        overrides = folder / "studio.json"
+        if overrides.exists():
+            data = read_json(overrides, mid).get("capabilities", {})
+            caps = replace(caps, **{k: (tuple(v) if isinstance(v, list) else v)
+                                    for k, v in data.items() if k != "modes"})
+            if "modes" in data:
+                caps = replace(caps, modes=frozenset(data["modes"]) & caps.modes)
+        return replace(entry, capabilities=caps)
+
+    # -- resolving --------------------------------------------------------------------------
+    def resolve(self, model_id: str) -> ModelEntry:
+        """The usable entry for ``model_id``.
+
+        Raises:
+            ModelError: unknown id, or a missing, partial or corrupt folder (names the file).
+        """
+        if not isinstance(model_id, str) or not model_id.strip():
+            raise ModelError("model: no model named (see `studio models`)")
+        candidates: list[tuple[Path, str, str]] = []
+        if model_id in (EMBEDDED_ID, ""):
+            candidates.append((self.embedded_dir / DEFAULT_EMBEDDED, EMBEDDED_ID, "embedded"))
+        elif (self.embedded_dir / model_id).is_dir() and "/" not in model_id:
+            candidates.append((self.embedded_dir / model_id, model_id, "embedded"))
+        path = Path(model_id).expanduser()
+        path_like = model_id.startswith(("/", ".", "~")) or path.is_dir()
+        if path_like:
+            candidates.append((path, model_id, "folder"))
+        for folder in self.model_folders:
+            if (folder / model_id).is_dir():
+                candidates.append((folder / model_id, model_id, "folder"))
+        if model_id.count("/") == 1 and not path_like:
+            repo = hf_cache_dir() / ("models--" + model_id.replace("/", "--"))
+            snap = _hf_snapshot(repo) if repo.is_dir() else None
+            if snap is not None:
+                candidates.append((snap, model_id, "hf-cache"))
+        if not candidates:
+            raise ModelError(f"model: {model_id!r} is not a model folder, an embedded model or "
+                             f"a model in the Hugging Face cache (nothing is downloaded; see "
+                             f"`studio models`)")
+        folder, mid, source = candidates[0]
+        entry = self.inspect(folder, model_id=mid, source=source)
+        if entry.error:
+            raise ModelError(f"model {mid}: {entry.error}")
+        return entry
+
+    def content_hash(self, entry: ModelEntry) -> str:
+        """blake2b-128 of the entry's weights (cached per file by size and mtime)."""
+        cached = self._hash_cache.get(entry.path)
+        if cached is None:
+            _index, files = check_folder(entry.path)
+            cached = self._hash_cache[entry.path] = weights_hash(entry.path, files)
+        return cached

@@ -1,0 +1,157 @@
+"""What every family runner shares: loading, the step callback and stage timings.
+
+A family runner wraps diffusers' own pipelines (never copies of them): it loads the folder
+once, derives the per-mode pipelines with ``from_pipe`` (shared weights), and calls them with
+a ``callback_on_step_end`` that reports progress and raises :class:`JobCancelled` when the
+job is cancelled, so cancellation takes effect within one denoising step.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from studio.core.request import GenerationRequest
+from studio.engine.models.folders import ModelError
+from studio.engine.models.registry import ModelEntry
+from studio.engine.preview import LatentPreview
+
+
+class JobCancelled(Exception):
+    """Raised inside the denoising loop when the job was cancelled."""
+
+    def __init__(self, step: int):
+        super().__init__(f"cancelled at step {step}")
+        self.step = step
+
+
+# on_step(step_done (1-based), total_steps, latents) -> None; may raise JobCancelled.
+StepFn = Callable[[int, int, torch.Tensor], None]
+
+
+@dataclass
+class RunOutput:
+    """A runner's result.
+
+    Attributes:
+        frames: float32 (F, H, W, 3) in [0, 1], exactly as the diffusers pipeline returned.
+        timings: seconds for ``prepare``, ``denoise``, ``decode``.
+        notes: remarks for the user.
+    """
+
+    frames: np.ndarray
+    timings: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def load_pipeline(cls: type, entry: ModelEntry, dtype: torch.dtype):
+    """``cls.from_pretrained`` on a local folder: safetensors only, never the network.
+
+    Raises:
+        ModelError: the folder could not be loaded (names it and the reason).
+    """
+    try:
+        return cls.from_pretrained(Path(entry.path), dtype=dtype, local_files_only=True,
+                                   use_safetensors=True)
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+        raise ModelError(f"model {entry.model_id}: cannot load {entry.path} "
+                         f"({type(exc).__name__}: {str(exc)[:300]})") from exc
+
+
+def derive_pipeline(cls: type, base, **config):
+    """Another diffusers pipeline class over ``base``'s very modules (no copy, no cast).
+
+    Unlike ``from_pipe``, which casts every module to one dtype (float32 by default, undoing
+    the float32-kept norms of a bf16 model or upcasting it), this passes the loaded modules
+    as they are. ``config`` gives the new class's config arguments (e.g. ``expand_timesteps``).
+    """
+    if type(base) is cls:
+        return base
+    params = inspect.signature(cls.__init__).parameters
+    parts = {name: module for name, module in base.components.items() if name in params}
+    for name, value in config.items():
+        if name in params:
+            parts[name] = value
+    pipe = cls(**parts)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def to_pil(pixels: np.ndarray):
+    """uint8 (H, W, 3) -> PIL RGB image."""
+    from PIL import Image
+
+    return Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8), "RGB")
+
+
+class StageClock:
+    """Splits a pipeline call into prepare / denoise / decode by hooking the denoiser.
+
+    ``prepare`` ends when the denoiser is first called, ``denoise`` ends at the last step
+    callback, ``decode`` is the rest of the call.
+    """
+
+    def __init__(self, denoisers: list[torch.nn.Module]):
+        self.start = time.perf_counter()
+        self.first_forward: float | None = None
+        self.last_step: float | None = None
+        self._handles = [m.register_forward_pre_hook(self._on_forward) for m in denoisers
+                         if m is not None]
+
+    def _on_forward(self, _module, _args):
+        if self.first_forward is None:
+            self.first_forward = time.perf_counter()
+
+    def step_done(self) -> None:
+        self.last_step = time.perf_counter()
+
+    def finish(self) -> dict[str, float]:
+        end = time.perf_counter()
+        for h in self._handles:
+            h.remove()
+        first = self.first_forward or end
+        last = self.last_step or end
+        return {"prepare": first - self.start, "denoise": last - first, "decode": end - last}
+
+
+def make_callback(on_step: StepFn, clock: StageClock,
+                  latents_view: Callable[[torch.Tensor], torch.Tensor] | None = None):
+    """A diffusers ``callback_on_step_end`` that reports each step to ``on_step``."""
+
+    def callback(pipe, i: int, _t, kwargs: dict) -> dict:
+        clock.step_done()
+        latents = kwargs.get("latents")
+        if latents is not None and latents_view is not None:
+            latents = latents_view(latents)
+        on_step(i + 1, int(getattr(pipe, "_num_timesteps", 0) or 0), latents)
+        return {}
+
+    return callback
+
+
+class FamilyRunner:
+    """Base of the per-family runners: one loaded model, run many requests.
+
+    Subclasses implement :meth:`run`. ``preview`` turns step latents into a uint8 image.
+    """
+
+    def __init__(self, entry: ModelEntry, device: torch.device, dtype: torch.dtype):
+        self.entry = entry
+        self.device = device
+        self.dtype = dtype
+        self.preview: LatentPreview | None = None
+
+    def run(self, request: GenerationRequest, inputs: dict[str, np.ndarray],
+            on_step: StepFn) -> RunOutput:
+        raise NotImplementedError
+
+    def generator(self, seed: int) -> torch.Generator:
+        """The job's noise generator: always on the CPU, so the initial noise of a seed is the
+        same on every device (diffusers' ``randn_tensor`` moves it to the model's device)."""
+        return torch.Generator(device="cpu").manual_seed(int(seed))

@@ -1,0 +1,75 @@
+"""FLUX.1 (dev, schnell): text-to-image with ``FluxPipeline``, image-to-image with
+``FluxImg2ImgPipeline`` sharing the same weights.
+
+``guidance_scale`` is FLUX.1-dev's distilled guidance (the embedded guidance vector); true
+classifier-free guidance with a negative prompt is not used, so a negative prompt has no
+effect on FLUX.1 and the finished job says so.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from studio.core.media import fit_image
+from studio.core.request import GenerationRequest
+from studio.engine.pipelines.base import (
+    FamilyRunner,
+    RunOutput,
+    StageClock,
+    StepFn,
+    derive_pipeline,
+    load_pipeline,
+    make_callback,
+    to_pil,
+)
+from studio.engine.preview import LatentPreview
+
+
+class FluxRunner(FamilyRunner):
+    """Runs FLUX.1 requests on one loaded model."""
+
+    def __init__(self, entry, device, dtype):
+        super().__init__(entry, device, dtype)
+        from diffusers import FluxImg2ImgPipeline, FluxPipeline
+
+        base = load_pipeline(FluxPipeline, entry, dtype).to(device)
+        base.set_progress_bar_config(disable=True)
+        self.pipes = {"t2i": base, "i2i": derive_pipeline(FluxImg2ImgPipeline, base)}
+        self.base = base
+        self.vae_scale_factor = base.vae_scale_factor
+        self.preview = self._fit_preview()
+
+    def _fit_preview(self) -> LatentPreview:
+        vae = self.base.vae
+        scale, shift = vae.config.scaling_factor, vae.config.shift_factor or 0.0
+
+        def decode(z: torch.Tensor) -> torch.Tensor:
+            return vae.decode(z / scale + shift, return_dict=False)[0]
+
+        return LatentPreview.fit(decode, (int(vae.config.latent_channels), 4, 4),
+                                 self.vae_scale_factor, device=self.device, dtype=vae.dtype)
+
+    @torch.no_grad()
+    def run(self, request: GenerationRequest, inputs: dict[str, np.ndarray],
+            on_step: StepFn) -> RunOutput:
+        from diffusers import FluxPipeline
+
+        pipe = self.pipes[request.mode]
+        clock = StageClock([pipe.transformer])
+        h, w, vsf = request.height, request.width, self.vae_scale_factor
+
+        def unpack(latents: torch.Tensor) -> torch.Tensor:
+            return FluxPipeline._unpack_latents(latents, h, w, vsf)
+
+        kwargs = dict(prompt=request.prompt, height=h, width=w,
+                      num_inference_steps=request.steps, guidance_scale=request.guidance_scale,
+                      generator=self.generator(request.seed), output_type="np",
+                      callback_on_step_end=make_callback(on_step, clock, unpack),
+                      callback_on_step_end_tensor_inputs=["latents"])
+        if request.mode == "i2i":
+            image = fit_image(inputs[request.init_image.content_id], w, h)
+            kwargs.update(image=to_pil(image), strength=request.strength)
+        images = pipe(**kwargs).images
+        notes = ["FLUX.1 ignores the negative prompt"] if request.negative_prompt else []
+        return RunOutput(np.asarray(images, dtype=np.float32), clock.finish(), notes)

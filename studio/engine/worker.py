@@ -1,0 +1,305 @@
+"""Workers: the one owner of the device, in a thread or in a child process.
+
+Both kinds take one job at a time from the engine (:mod:`studio.engine.api`), run it with a
+:class:`~studio.engine.executor.JobExecutor`, and call ``on_event`` from a background thread
+for every event. The engine keeps the queue; a worker only ever holds the running job.
+
+* :class:`ThreadWorker`: in this process (the CLI, tests). Cheapest; a crash of the engine is
+  a crash of the process.
+* :class:`ProcessWorker`: a spawned child process (the studio). A crash of the child fails the
+  running job with ``worker_died`` and the next job starts a new child; the child dies with
+  its parent (``PR_SET_PDEATHSIG`` and a parent watchdog), so a killed UI leaves no orphan
+  holding the GPU. Frames cross as ``.npy`` files read by a background thread, never through
+  the pipe on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import signal
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from studio.engine import events as ev
+
+EventFn = Callable[[ev.JobEvent], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerConfig:
+    """What a worker needs to build its executor (picklable, for child processes).
+
+    Attributes:
+        model_folders: the user's model folders.
+        include_hf_cache: also resolve models from the HF cache.
+        device: ``"auto"``, ``"cpu"`` or ``"cuda[:N]"``.
+        torch_threads: intra-op threads (0 = torch's default).
+        max_loaded: models kept loaded between jobs.
+    """
+
+    model_folders: tuple[str, ...] = ()
+    include_hf_cache: bool = True
+    device: str = "auto"
+    torch_threads: int = 0
+    max_loaded: int = 2
+
+    def build_executor(self):
+        import torch
+
+        from studio.engine.executor import JobExecutor
+        from studio.engine.models.registry import ModelRegistry
+
+        if self.torch_threads:
+            torch.set_num_threads(self.torch_threads)
+        device = None if self.device == "auto" else torch.device(self.device)
+        registry = ModelRegistry(list(self.model_folders),
+                                 include_hf_cache=self.include_hf_cache)
+        return JobExecutor(registry, device, max_loaded=self.max_loaded)
+
+
+class Worker:
+    """Interface of a worker. ``run`` and ``cancel`` never block."""
+
+    def start(self, on_event: EventFn) -> None:
+        raise NotImplementedError
+
+    def run(self, job) -> None:
+        raise NotImplementedError
+
+    def cancel(self, job_id: str) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class ThreadWorker(Worker):
+    """Runs jobs on a daemon thread of this process.
+
+    Args:
+        config: see :class:`WorkerConfig`; or pass ``executor`` directly (tests).
+    """
+
+    def __init__(self, config: WorkerConfig | None = None, executor=None):
+        self.config = config or WorkerConfig()
+        self.executor = executor
+        self._jobs: queue.Queue = queue.Queue()
+        self._cancelled: set[str] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._on_event: EventFn | None = None
+
+    def start(self, on_event: EventFn) -> None:
+        self._on_event = on_event
+        self._thread = threading.Thread(target=self._loop, name="studio-engine", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            if self.executor is None:
+                try:
+                    self.executor = self.config.build_executor()
+                except Exception as exc:  # e.g. a broken torch install
+                    self._on_event(ev.Failed(job.job_id, ev.INTERNAL,
+                                             f"the engine could not start: {exc}"))
+                    continue
+
+            def is_cancelled(jid: str = job.job_id) -> bool:
+                with self._lock:
+                    return jid in self._cancelled
+
+            self.executor.execute(job, self._on_event, is_cancelled)
+            with self._lock:
+                self._cancelled.discard(job.job_id)
+
+    def run(self, job) -> None:
+        self._jobs.put(job)
+
+    def cancel(self, job_id: str) -> None:
+        with self._lock:
+            self._cancelled.add(job_id)
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+
+# --------------------------------------------------------------------------------------------
+# Child process
+# --------------------------------------------------------------------------------------------
+def _die_with_parent(parent_pid: int) -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+    def watchdog() -> None:
+        import time
+
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(3)
+            time.sleep(0.5)
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    if os.getppid() != parent_pid:
+        os._exit(3)
+
+
+def _child_main(config: WorkerConfig, jobs, events, cancel_serial, parent_pid: int,
+                result_dir: str) -> None:
+    _die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's to handle
+    executor = config.build_executor()
+    events.put(("ready", os.getpid()))
+    while True:
+        item = jobs.get()
+        if item is None:
+            return
+        serial, job = item
+
+        def emit(event: ev.JobEvent) -> None:
+            if isinstance(event, ev.Finished):
+                path = os.path.join(result_dir, f"{event.job_id}.npy")
+                np.save(path, event.frames, allow_pickle=False)
+                event = dataclasses.replace(event, frames=np.zeros((0, 0, 0, 3), np.uint8))
+                events.put(("finished", path, event))
+            else:
+                events.put(("event", event))
+
+        executor.execute(job, emit, lambda s=serial: cancel_serial.value == s)
+
+
+class ProcessWorker(Worker):
+    """Runs jobs in a spawned child process (see the module docstring)."""
+
+    def __init__(self, config: WorkerConfig | None = None):
+        import multiprocessing as mp
+
+        self.config = config or WorkerConfig()
+        self._ctx = mp.get_context("spawn")
+        self._cancel = self._ctx.Value("q", -1)
+        self._result_dir = tempfile.mkdtemp(prefix="studio-results-")
+        self._proc = None
+        self._jobs = None
+        self._events = None
+        self._reader: threading.Thread | None = None
+        self._on_event: EventFn | None = None
+        self._running: tuple[int, str] | None = None
+        self._serial = 0
+        self._lock = threading.Lock()
+        self._closing = False
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id (None before the first job)."""
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self, on_event: EventFn) -> None:
+        self._on_event = on_event
+
+    def _spawn(self) -> None:
+        self._jobs = self._ctx.Queue()
+        self._events = self._ctx.Queue()
+        self._proc = self._ctx.Process(
+            target=_child_main, name="studio-engine",
+            args=(self.config, self._jobs, self._events, self._cancel, os.getpid(),
+                  self._result_dir), daemon=True)
+        self._proc.start()
+        self._reader = threading.Thread(target=self._read, args=(self._proc, self._events),
+                                        name="studio-engine-reader", daemon=True)
+        self._reader.start()
+
+    def _read(self, proc, events) -> None:
+        while True:
+            try:
+                item: Any = events.get(timeout=0.2)
+            except queue.Empty:
+                if proc.is_alive():
+                    continue
+                try:  # drain what the child sent before it died
+                    item = events.get(timeout=0.5)
+                except queue.Empty:
+                    self._child_died(proc)
+                    return
+            except (EOFError, OSError):
+                self._child_died(proc)
+                return
+            kind = item[0]
+            if kind == "ready":
+                continue
+            if kind == "finished":
+                _, path, event = item
+                frames = np.load(path, allow_pickle=False)
+                Path(path).unlink(missing_ok=True)
+                event = dataclasses.replace(event, frames=frames)
+            else:
+                event = item[1]
+            if event.terminal:
+                with self._lock:
+                    if self._running and self._running[1] == event.job_id:
+                        self._running = None
+            self._on_event(event)
+
+    def _child_died(self, proc) -> None:
+        with self._lock:
+            running, self._running = self._running, None
+            if self._proc is proc:
+                self._proc = None
+        if running is not None and not self._closing:
+            code = proc.exitcode
+            self._on_event(ev.Failed(
+                running[1], ev.WORKER_DIED,
+                f"the engine process stopped unexpectedly (exit code {code}) while running this "
+                f"job; the next job starts a new engine"))
+
+    def run(self, job) -> None:
+        with self._lock:
+            if self._proc is None or not self._proc.is_alive():
+                self._spawn()
+            self._serial += 1
+            self._running = (self._serial, job.job_id)
+            self._jobs.put((self._serial, job))
+
+    def cancel(self, job_id: str) -> None:
+        with self._lock:
+            if self._running and self._running[1] == job_id:
+                self._cancel.value = self._running[0]
+
+    def kill(self) -> None:
+        """Kills the child process at once (tests; the next job starts a new one)."""
+        proc = self._proc
+        if proc is not None and proc.pid:
+            os.kill(proc.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        self._closing = True
+        proc = self._proc
+        if proc is not None:
+            try:
+                self._jobs.put(None)
+                proc.join(timeout=10)
+            finally:
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(timeout=5)
+        try:
+            for p in Path(self._result_dir).iterdir():
+                p.unlink(missing_ok=True)
+            os.rmdir(self._result_dir)
+        except OSError:
+            pass

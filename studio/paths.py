@@ -1,0 +1,89 @@
+"""Where the studio keeps its own files, and atomic file writes.
+
+The user folder is ``$STUDIO_HOME`` if set, else ``$XDG_DATA_HOME/diffusion-studio`` (default
+``~/.local/share/diffusion-studio``). It holds settings, logs and caches; projects live where
+the user puts them. Nothing is created at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ASSETS = REPO_ROOT / "assets"
+
+
+def user_dir() -> Path:
+    """The studio's user folder (created on first use)."""
+    env = os.environ.get("STUDIO_HOME")
+    if env:
+        path = Path(env)
+    else:
+        base = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
+        path = Path(base) / "diffusion-studio"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def log_dir() -> Path:
+    path = user_dir() / "logs"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> Path:
+    """Writes a file atomically: ``write(tmp_path)`` fills a temporary file in the same
+    folder, which is fsynced and renamed over ``path``; a failure leaves no partial file.
+
+    Args:
+        path: the destination.
+        write: called with the temporary path (keeps the destination's suffix, so encoders
+            that pick a format from the extension work).
+    Returns:
+        The destination as a Path.
+    """
+    dest = Path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.stem}.", suffix=f".tmp{dest.suffix}",
+                               dir=dest.parent)
+    os.close(fd)
+    try:
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are ordinary user files
+        write(tmp)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(dest.parent)
+    return dest
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """:func:`atomic_write` of ``data``."""
+    return atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """:func:`atomic_write` of UTF-8 ``text``."""
+    return atomic_write_bytes(path, text.encode("utf-8"))

@@ -1,0 +1,224 @@
+"""Writing results to PNG, MP4, GIF and WebP with the full request embedded, and reading it back.
+
+Every file is written atomically (a temporary file in the same folder, fsynced, renamed).
+
+Metadata:
+
+* PNG: text chunks ``studio:request`` (the request's canonical JSON), ``studio:environment``
+  (device, dtype, threads, versions) and an A1111-style ``parameters`` chunk that other tools
+  (A1111, ComfyUI's loaders, Civitai) read.
+* MP4: H.264, yuv420p (plays in browsers and QuickTime), ``+faststart``; the request and the
+  environment as one JSON object in the container's ``comment`` tag.
+* GIF: the same JSON object in the comment extension. WebP: in the XMP chunk.
+"""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, PngImagePlugin
+
+from studio.paths import atomic_write
+
+IMAGE_SUFFIXES = (".png",)
+VIDEO_SUFFIXES = (".mp4", ".gif", ".webp")
+SUFFIXES = IMAGE_SUFFIXES + VIDEO_SUFFIXES
+_XMP_TAG = "studio:metadata"
+
+
+def a1111_parameters(request: dict[str, Any]) -> str:
+    """The request as an A1111-style ``parameters`` text (prompt, negative, settings line)."""
+    lines = [request.get("prompt", "")]
+    if request.get("negative_prompt"):
+        lines.append(f"Negative prompt: {request['negative_prompt']}")
+    settings = [
+        f"Steps: {request.get('steps')}",
+        "Sampler: Euler (flow matching)",
+        f"CFG scale: {request.get('guidance_scale')}",
+        f"Seed: {request.get('seed')}",
+        f"Size: {request.get('width')}x{request.get('height')}",
+        f"Model hash: {str(request.get('model_hash', ''))[:10]}",
+        f"Model: {request.get('model')}",
+    ]
+    if request.get("mode") == "i2i":
+        settings.append(f"Denoising strength: {request.get('strength')}")
+    lines.append(", ".join(settings))
+    return "\n".join(lines)
+
+
+def _metadata_blob(request_json: str, environment: dict[str, Any] | None) -> str:
+    return json.dumps(
+        {"request": json.loads(request_json), "environment": environment or {}},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+
+
+def check_suffix(path: str | Path, num_frames: int) -> str:
+    """The output suffix, checked against the result's frame count.
+
+    Raises:
+        ValueError: unknown suffix, or a video asked for as PNG (message names ``out``).
+    """
+    suffix = Path(path).suffix.lower()
+    if suffix not in SUFFIXES:
+        raise ValueError(f"out={str(path)!r}: the file must end in {', '.join(SUFFIXES)}")
+    if num_frames > 1 and suffix in IMAGE_SUFFIXES:
+        raise ValueError(
+            f"out={str(path)!r}: a video of {num_frames} frames needs {', '.join(VIDEO_SUFFIXES)}"
+        )
+    return suffix
+
+
+def write_result(
+    path: str | Path,
+    frames: np.ndarray,
+    fps: float,
+    request_json: str,
+    environment: dict[str, Any] | None = None,
+) -> Path:
+    """Writes ``frames`` (uint8 (F, H, W, 3)) to ``path`` by its suffix, atomically.
+
+    Args:
+        fps: frames per second (videos).
+    Raises:
+        ValueError: see :func:`check_suffix`; or frames of the wrong shape or dtype.
+    """
+    frames = np.asarray(frames)
+    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3 or not len(frames):
+        raise ValueError(f"frames: expected uint8 (F, H, W, 3), got {frames.dtype} {frames.shape}")
+    suffix = check_suffix(path, len(frames))
+    blob = _metadata_blob(request_json, environment)
+    if suffix == ".png":
+
+        def write(tmp: str) -> None:
+            info = PngImagePlugin.PngInfo()
+            info.add_itxt("studio:request", request_json)
+            info.add_itxt("studio:environment", json.dumps(environment or {}, sort_keys=True))
+            info.add_text("parameters", a1111_parameters(json.loads(request_json)))
+            Image.fromarray(frames[0], "RGB").save(tmp, format="PNG", pnginfo=info)
+    elif suffix == ".mp4":
+
+        def write(tmp: str) -> None:
+            _write_mp4(tmp, frames, fps, blob)
+    else:
+
+        def write(tmp: str) -> None:
+            images = [Image.fromarray(f, "RGB") for f in frames]
+            duration = max(10, round(1000 / fps))
+            if suffix == ".gif":
+                images[0].save(
+                    tmp,
+                    format="GIF",
+                    save_all=True,
+                    append_images=images[1:],
+                    duration=duration,
+                    loop=0,
+                    comment=blob.encode("utf-8"),
+                )
+            else:
+                xmp = (
+                    f'<x:xmpmeta xmlns:x="adobe:ns:meta/"><{_XMP_TAG}><![CDATA[{blob}]]>'
+                    f"</{_XMP_TAG}></x:xmpmeta>"
+                )
+                images[0].save(
+                    tmp,
+                    format="WEBP",
+                    save_all=True,
+                    append_images=images[1:],
+                    duration=duration,
+                    loop=0,
+                    lossless=True,
+                    xmp=xmp.encode(),
+                )
+
+    return atomic_write(path, write)
+
+
+def _write_mp4(path: str, frames: np.ndarray, fps: float, comment: str) -> None:
+    import av
+
+    f, h, w, _ = frames.shape
+    # yuv420p needs even sides: pad by edge replication (documented; at most one pixel).
+    ph, pw = h + h % 2, w + w % 2
+    if (ph, pw) != (h, w):
+        frames = np.pad(frames, ((0, 0), (0, ph - h), (0, pw - w), (0, 0)), mode="edge")
+    rate = Fraction(fps).limit_denominator(1001)
+    with av.open(
+        path, mode="w", format="mp4", options={"movflags": "+faststart+use_metadata_tags"}
+    ) as container:
+        container.metadata["comment"] = comment
+        stream = container.add_stream("libx264", rate=rate)
+        stream.width, stream.height, stream.pix_fmt = pw, ph, "yuv420p"
+        stream.options = {"crf": "16", "preset": "medium"}
+        for frame in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+
+
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    """The request and environment embedded in a file written by :func:`write_result`.
+
+    Returns:
+        ``{"request": dict, "environment": dict}``.
+    Raises:
+        ValueError: the file cannot be read or carries no studio metadata (names the file).
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".mp4":
+            import av
+
+            with av.open(str(path)) as container:
+                text = container.metadata.get("comment", "")
+            data = json.loads(text) if text else None
+        elif suffix == ".png":
+            with Image.open(path) as img:
+                img.load()
+                raw = img.text.get("studio:request") if hasattr(img, "text") else None
+                env = img.text.get("studio:environment", "{}") if raw else "{}"
+            data = {"request": json.loads(raw), "environment": json.loads(env)} if raw else None
+        elif suffix in (".gif", ".webp"):
+            with Image.open(path) as img:
+                if suffix == ".gif":
+                    raw = img.info.get("comment", b"")
+                else:
+                    raw = img.info.get("xmp", b"")
+                    raw = raw.encode() if isinstance(raw, str) else raw
+                    start, end = raw.find(b"<![CDATA["), raw.find(b"]]>")
+                    raw = raw[start + 9 : end] if start >= 0 and end > start else b""
+            data = json.loads(raw.decode("utf-8")) if raw else None
+        else:
+            raise ValueError(f"{path}: not a PNG, MP4, GIF or WebP file")
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read its metadata ({exc})") from None
+    except Exception as exc:  # PyAV raises its own error types for damaged files
+        raise ValueError(
+            f"{path}: cannot read its metadata ({type(exc).__name__}: {exc})"
+        ) from None
+    if not data or "request" not in data:
+        raise ValueError(f"{path}: carries no Diffusion Studio request")
+    return data
+
+
+def read_frames(path: str | Path) -> np.ndarray:
+    """Decodes a result file back to uint8 (F, H, W, 3) (tests and the compare view)."""
+    path = Path(path)
+    if path.suffix.lower() == ".mp4":
+        import av
+
+        with av.open(str(path)) as container:
+            return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+    with Image.open(path) as img:
+        out = []
+        for i in range(getattr(img, "n_frames", 1)):
+            img.seek(i)
+            out.append(np.asarray(img.convert("RGB")))
+        return np.stack(out)

@@ -1,0 +1,316 @@
+"""Content-addressed media files of a project: ``media/<id[:2]>/<id>.<ext>``.
+
+The id of a file is the blake2b-128 hex digest (32 digits, as every content id of the studio)
+of the file's bytes, so a file can always be checked against its name (:meth:`verify`).
+
+Formats:
+
+* images: PNG written by Pillow from uint8 pixels, shape (H, W), (H, W, 1), (H, W, 3) or
+  (H, W, 4);
+* videos: one raw ``.npy`` file of uint8 frames, shape (F, H, W) or (F, H, W, C) with C in
+  1/3/4, written with ``numpy.save(allow_pickle=False)`` and read with ``allow_pickle=False``
+  (memory-mapped on request). Chosen over a folder of PNGs because it is one file (one rename
+  makes it appear atomically), needs no codec and can be memory-mapped; the MP4 export is a
+  separate, later step.
+
+Each media row also keeps ``pixels_id``, :func:`studio.core.media.pixels_content_id` of the
+pixels, which is how a generation request names its input images; :meth:`find_by_pixels` maps
+it back to the stored file.
+
+Write protocol (crash-safe): the bytes go to a temporary file in ``media/incoming/`` (the id,
+hence the final folder, is known only once the bytes are hashed; both folders are on one file
+system, so the rename is atomic) while being hashed; flush, ``os.fsync``, ``os.replace`` to the final name, ``fsync`` of the folder;
+only then is the row committed. A crash leaves at most an unreferenced file or temp file,
+which :meth:`MediaStore.collect_garbage` removes; never a row without its file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import sqlite3
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+from PIL import Image
+
+from studio.core.media import pixels_content_id
+
+log = logging.getLogger(__name__)
+
+MEDIA_KINDS = ("image", "video")
+_EXT = {"image": "png", "video": "npy"}
+_MEDIA_ID = re.compile(r"[0-9a-f]{32}")
+_TEMP_PREFIX = ".tmp-"
+_PIL_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+
+
+def media_id_of(data: bytes) -> str:
+    """Content id of file bytes: blake2b-128 hex (32 digits)."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _check_media_id(media_id: Any) -> str:
+    if not isinstance(media_id, str) or not _MEDIA_ID.fullmatch(media_id):
+        raise ValueError(f"media_id: expected 32 lowercase hex digits, got {media_id!r}")
+    return media_id
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _HashingWriter:
+    """A write-only file object that hashes what passes through it.
+
+    It has no ``fileno`` on purpose: Pillow would then write to the descriptor directly and
+    bypass the hash.
+    """
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        self._hash = hashlib.blake2b(digest_size=16)
+        self._size = 0
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data).cast("B")
+        self._hash.update(view)
+        self._raw.write(view)
+        self._size += len(view)
+        return len(view)
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def tell(self) -> int:
+        return self._size
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+def _check_pixels(array: Any, name: str, video: bool) -> np.ndarray:
+    if not isinstance(array, np.ndarray) or array.dtype != np.uint8:
+        got = getattr(array, "dtype", type(array).__name__)
+        raise ValueError(f"{name}: expected a uint8 numpy array, got {got}")
+    base = 3 if video else 2
+    ok = array.ndim == base or (array.ndim == base + 1 and array.shape[-1] in (1, 3, 4))
+    if not ok or 0 in array.shape:
+        want = "(F, H, W[, C])" if video else "(H, W[, C])"
+        raise ValueError(f"{name}: expected shape {want} with C in 1/3/4, got {array.shape}")
+    return np.ascontiguousarray(array)
+
+
+class MediaStore:
+    """The ``media/`` folder of a project and its ``media`` table.
+
+    Created by :class:`studio.store.Project`, which owns the connection and the
+    ``transaction`` context manager; use it from the thread that opened the project.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        conn: sqlite3.Connection,
+        transaction: Callable[[], AbstractContextManager[Any]],
+    ) -> None:
+        self.root = Path(root)
+        self._conn = conn
+        self._transaction = transaction
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    # -- writing ----------------------------------------------------------------------------
+    def put_image(self, pixels: np.ndarray) -> str:
+        """Stores uint8 pixels (H, W[, C]) as PNG; returns the media id (existing ones dedupe).
+
+        Raises:
+            ValueError: not uint8 or a bad shape (names ``pixels``).
+            OSError: the file could not be written (nothing is recorded then).
+        """
+        arr = _check_pixels(pixels, "pixels", video=False)
+        plane = arr[..., 0] if arr.ndim == 3 and arr.shape[2] == 1 else arr
+        mode = "L" if plane.ndim == 2 else _PIL_MODES[plane.shape[2]]
+        image = Image.fromarray(plane, mode=mode)
+        return self._put("image", lambda f: image.save(f, format="PNG", optimize=False), arr)
+
+    def put_video(self, frames: np.ndarray) -> str:
+        """Stores uint8 frames (F, H, W[, C]) as one ``.npy`` file; returns the media id.
+
+        Raises:
+            ValueError: not uint8 or a bad shape (names ``frames``).
+            OSError: the file could not be written (nothing is recorded then).
+        """
+        arr = _check_pixels(frames, "frames", video=True)
+        return self._put("video", lambda f: np.save(f, arr, allow_pickle=False), arr)
+
+    def _put(self, kind: str, write: Callable[[Any], None], pixels: np.ndarray) -> str:
+        ext = _EXT[kind]
+        tmp_dir = self.root / "incoming"
+        tmp_dir.mkdir(exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=_TEMP_PREFIX, suffix="." + ext, dir=tmp_dir)
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as raw:
+                writer = _HashingWriter(raw)
+                write(writer)
+                raw.flush()
+                os.fsync(raw.fileno())
+            media_id = writer.hexdigest()
+            final = self._path(media_id, ext)
+            new_dir = not final.parent.exists()
+            final.parent.mkdir(exist_ok=True)
+            # incoming/ and the fan-out folders are both inside media/: one file system, so
+            # the rename is atomic. Replacing an existing file rewrites identical bytes.
+            os.replace(tmp, final)
+            _fsync_dir(final.parent)
+            if new_dir:
+                _fsync_dir(self.root)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        meta = {"shape": list(pixels.shape), "dtype": "uint8", "bytes": writer.tell()}
+        with self._transaction():
+            self._conn.execute(
+                "INSERT INTO media (id, kind, ext, pixels_id, meta_json, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING",
+                (media_id, kind, ext, pixels_content_id(pixels), json.dumps(meta), time.time()),
+            )
+        return media_id
+
+    # -- reading ----------------------------------------------------------------------------
+    def _row(self, media_id: str) -> sqlite3.Row | tuple:
+        row = self._conn.execute(
+            "SELECT kind, ext, pixels_id, meta_json FROM media WHERE id = ?",
+            (_check_media_id(media_id),),
+        ).fetchone()
+        if row is None:
+            raise KeyError(f"media_id: no media {media_id!r} in this project")
+        return row
+
+    def _path(self, media_id: str, ext: str) -> Path:
+        return self.root / media_id[:2] / f"{media_id}.{ext}"
+
+    def __contains__(self, media_id: object) -> bool:
+        if not isinstance(media_id, str) or not _MEDIA_ID.fullmatch(media_id):
+            return False
+        sql = "SELECT 1 FROM media WHERE id = ?"
+        return self._conn.execute(sql, (media_id,)).fetchone() is not None
+
+    def ids(self) -> set[str]:
+        """Ids of every stored medium."""
+        return {r[0] for r in self._conn.execute("SELECT id FROM media")}
+
+    def path(self, media_id: str) -> Path:
+        """Where the file of a medium lies. Raises KeyError if unknown, ValueError if malformed."""
+        return self._path(media_id, self._row(media_id)[1])
+
+    def kind(self, media_id: str) -> str:
+        """ "image" or "video"."""
+        return self._row(media_id)[0]
+
+    def info(self, media_id: str) -> dict[str, Any]:
+        """kind, ext, pixels_id and meta (shape, dtype, bytes) of a medium."""
+        kind, ext, pixels_id, meta = self._row(media_id)
+        return {"kind": kind, "ext": ext, "pixels_id": pixels_id, "meta": json.loads(meta)}
+
+    def find_by_pixels(self, pixels_id: str) -> str | None:
+        """The media id whose pixels have this :func:`pixels_content_id`, or None."""
+        row = self._conn.execute(
+            "SELECT id FROM media WHERE pixels_id = ? ORDER BY created_at LIMIT 1", (pixels_id,)
+        ).fetchone()
+        return None if row is None else row[0]
+
+    def get_image(self, media_id: str) -> np.ndarray:
+        """The stored pixels, uint8, in the shape they were stored with.
+
+        Raises:
+            KeyError: unknown id. OSError: the file is missing or unreadable.
+        """
+        kind, ext, _, meta = self._row(media_id)
+        if kind != "image":
+            raise ValueError(f"media_id: {media_id} is a {kind}, not an image")
+        with Image.open(self._path(media_id, ext)) as img:
+            arr = np.asarray(img, dtype=np.uint8)
+        return arr.reshape(json.loads(meta)["shape"])
+
+    def get_video(self, media_id: str, *, mmap: bool = False) -> np.ndarray:
+        """The stored frames, uint8 (F, H, W[, C]); read-only memory map when ``mmap``.
+
+        Raises:
+            KeyError: unknown id. OSError: the file is missing or unreadable.
+        """
+        kind, ext, _, _ = self._row(media_id)
+        if kind != "video":
+            raise ValueError(f"media_id: {media_id} is a {kind}, not a video")
+        mode = "r" if mmap else None
+        return np.load(self._path(media_id, ext), mmap_mode=mode, allow_pickle=False)
+
+    def verify(self, media_id: str) -> bool:
+        """Whether the file exists and its bytes hash to its id."""
+        path = self.path(media_id)
+        h = hashlib.blake2b(digest_size=16)
+        try:
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+        except FileNotFoundError:
+            return False
+        return h.hexdigest() == media_id
+
+    # -- garbage collection -----------------------------------------------------------------
+    def collect_garbage(self, keep: Iterable[str], *, orphan_grace_s: float = 3600.0) -> list[str]:
+        """Deletes every medium whose id and pixels id are both outside ``keep``.
+
+        Rows go first (one transaction), then files; a crash in between leaves only orphan
+        files. Files under ``media/`` that have no row (a crash between write and commit) and
+        leftover temp files are deleted once older than ``orphan_grace_s`` seconds, so a file
+        that another process is writing right now is left alone.
+
+        Returns:
+            The ids whose rows or orphan files were deleted.
+
+        Raises:
+            sqlite3.IntegrityError: a medium outside ``keep`` is still an artifact of a variant
+                (the caller's ``keep`` was incomplete; nothing is deleted).
+        """
+        keep = set(keep)
+        with self._transaction():
+            rows = self._conn.execute("SELECT id, ext, pixels_id FROM media").fetchall()
+            doomed = [(i, e) for i, e, p in rows if i not in keep and p not in keep]
+            self._conn.executemany("DELETE FROM media WHERE id = ?", [(i,) for i, _ in doomed])
+        removed = []
+        for media_id, ext in doomed:
+            self._path(media_id, ext).unlink(missing_ok=True)
+            removed.append(media_id)
+        known = {i for i, _, _ in rows} - {i for i, _ in doomed}
+        now = time.time()
+        for sub in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            for path in sub.iterdir():
+                stem = path.name.split(".", 1)[0]
+                temp = path.name.startswith(_TEMP_PREFIX)
+                if not temp and (stem in known or not _MEDIA_ID.fullmatch(stem)):
+                    continue
+                try:
+                    old = now - path.stat().st_mtime >= orphan_grace_s
+                except FileNotFoundError:
+                    continue
+                if old:
+                    log.info("media: removing orphan file %s", path)
+                    path.unlink(missing_ok=True)
+                    if not temp:
+                        removed.append(stem)
+        if removed:
+            log.info("media: collected %d media", len(removed))
+        return removed

@@ -1,0 +1,165 @@
+"""Tiny random-weight pipelines built from the real diffusers and transformers classes.
+
+Used by the tests, the benchmarks and the placeholder embedded model: each builder shrinks the
+real configs (a few layers, a few channels) so a full pipeline runs in well under a second on
+a CPU, and saves it in diffusers format with ``save_pretrained`` (safetensors only), so it is
+loaded back through the studio's own registry exactly like a real checkpoint.
+
+Nothing here touches the network: the tokenizers are word-level vocabularies built in memory
+with the ``tokenizers`` library.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+WORDS = (
+    "a an the of on in at to and with across over small large big tiny red orange yellow green "
+    "blue purple white black gray grey brown pink circle square triangle star shape shapes "
+    "left right top bottom center centre corner middle background sky grass brick night "
+    "moves moving slides slide grows growing shrinks shrinking still up down two one "
+    "photo cat dog car tree house"
+).split()
+
+
+def make_word_tokenizer(model_max_length: int, words: tuple[str, ...] = WORDS):
+    """A word-level fast tokenizer (``PreTrainedTokenizerFast``) over ``words``.
+
+    Ids: 0 ``<pad>``, 1 ``</s>``, 2 ``<unk>``, then the words in order; an end-of-sequence
+    token is appended to every text, as T5 and UMT5 expect.
+    """
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2}
+    for w in words:
+        vocab.setdefault(w, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Whitespace(), pre_tokenizers.Punctuation()])
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A $B </s>",
+                                                       special_tokens=[("</s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
+                                   unk_token="<unk>", model_max_length=model_max_length)
+
+
+def _umt5(vocab_size: int, d_model: int = 32):
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    cfg = UMT5Config(vocab_size=vocab_size, d_model=d_model, d_kv=8, d_ff=64, num_layers=2,
+                     num_heads=4, relative_attention_num_buckets=8, dropout_rate=0.0)
+    return UMT5EncoderModel(cfg).eval()
+
+
+def _wan_vae(z_dim: int = 16):
+    from diffusers import AutoencoderKLWan
+
+    return AutoencoderKLWan(base_dim=3, z_dim=z_dim, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                            temperal_downsample=[False, True, True],
+                            latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim).eval()
+
+
+def build_tiny_wan(folder: str | os.PathLike[str], *, variant: str = "ti2v", seed: int = 0,
+                   num_layers: int = 2, head_dim: int = 16, heads: int = 2,
+                   text_len: int = 32) -> Path:
+    """Builds and saves a tiny Wan pipeline with random weights.
+
+    Args:
+        folder: where to save (diffusers layout: model_index.json + component folders).
+        variant: ``"t2v"`` (Wan 2.1 text-to-video, ``WanPipeline``), ``"i2v"`` (Wan 2.1
+            image-to-video with a CLIP image encoder, ``WanImageToVideoPipeline``) or
+            ``"ti2v"`` (Wan 2.2 TI2V-style: one transformer for text and image to video, the
+            first frame given as clean latents with a zero timestep: ``expand_timesteps``).
+        seed: torch seed for the random weights.
+    Returns:
+        The folder, as a Path.
+    """
+    from diffusers import (
+        FlowMatchEulerDiscreteScheduler,
+        WanImageToVideoPipeline,
+        WanPipeline,
+        WanTransformer3DModel,
+    )
+
+    if variant not in ("t2v", "i2v", "ti2v"):
+        raise ValueError(f"variant: {variant!r} is not one of t2v, i2v, ti2v")
+    torch.manual_seed(seed)
+    tokenizer = make_word_tokenizer(text_len)
+    text_encoder = _umt5(len(tokenizer))
+    vae = _wan_vae()
+    extra = {}
+    if variant == "i2v":
+        from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
+
+        vision = CLIPVisionConfig(hidden_size=4 * head_dim, projection_dim=4 * head_dim,
+                                  num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                                  intermediate_size=32, patch_size=8)
+        extra["image_encoder"] = CLIPVisionModelWithProjection(vision).eval()
+        extra["image_processor"] = CLIPImageProcessor(crop_size=32, size=32)
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim,
+        in_channels=36 if variant == "i2v" else 16, out_channels=16, text_dim=32,
+        freq_dim=32, ffn_dim=32, num_layers=num_layers, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
+        image_dim=4 * head_dim if variant == "i2v" else None).eval()
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    parts = dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
+                 transformer=transformer)
+    if variant == "t2v":
+        pipe = WanPipeline(**parts)
+    else:
+        pipe = WanImageToVideoPipeline(**parts, **extra,
+                                       expand_timesteps=(variant == "ti2v"))
+    out = Path(folder)
+    pipe.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def build_tiny_flux(folder: str | os.PathLike[str], *, seed: int = 0) -> Path:
+    """Builds and saves a tiny FLUX.1-architecture pipeline with random weights.
+
+    Two text encoders as in FLUX.1 (CLIP for the pooled vector, T5 for the sequence), a
+    16-channel AutoencoderKL with an 8x spatial factor (4 channels here), and a
+    FluxTransformer2DModel with one double-stream and one single-stream block.
+    """
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        FluxPipeline,
+        FluxTransformer2DModel,
+    )
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    torch.manual_seed(seed)
+    tokenizer = make_word_tokenizer(77)
+    tokenizer_2 = make_word_tokenizer(32)
+    clip_cfg = CLIPTextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=37,
+                              num_hidden_layers=2, num_attention_heads=4, projection_dim=32,
+                              max_position_embeddings=77, eos_token_id=1, pad_token_id=0,
+                              bos_token_id=1)
+    text_encoder = CLIPTextModel(clip_cfg).eval()
+    t5_cfg = T5Config(vocab_size=len(tokenizer_2), d_model=32, d_kv=8, d_ff=37, num_layers=2,
+                      num_heads=4, relative_attention_num_buckets=8, dropout_rate=0.0)
+    text_encoder_2 = T5EncoderModel(t5_cfg).eval()
+    vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, sample_size=32,
+                        block_out_channels=(8, 8, 8, 8),
+                        down_block_types=("DownEncoderBlock2D",) * 4,
+                        up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=1,
+                        norm_num_groups=4, use_quant_conv=False, use_post_quant_conv=False,
+                        shift_factor=0.0609, scaling_factor=1.5035).eval()
+    transformer = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1,
+                                         num_single_layers=1, attention_head_dim=16,
+                                         num_attention_heads=2, joint_attention_dim=32,
+                                         pooled_projection_dim=32, guidance_embeds=False,
+                                         axes_dims_rope=(4, 4, 8)).eval()
+    pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=vae,
+                        text_encoder=text_encoder, tokenizer=tokenizer,
+                        text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
+                        transformer=transformer)
+    out = Path(folder)
+    pipe.save_pretrained(out, safe_serialization=True)
+    return out

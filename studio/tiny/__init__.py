@@ -1,0 +1,1 @@
+"""A tiny synthetic world (procedural scenes, clips and captions) and its adherence evaluator."""

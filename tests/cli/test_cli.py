@@ -1,0 +1,177 @@
+"""`studio render` and `studio models` end to end, in a subprocess like a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from studio.store.export import read_frames, read_metadata
+from tests.conftest import CASES
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def studio(*args, home: Path, check_rc: int | None = 0) -> subprocess.CompletedProcess:
+    env = dict(os.environ, STUDIO_HOME=str(home), HF_HUB_OFFLINE="1",
+               HF_HUB_CACHE=str(home / "hub"))
+    proc = subprocess.run([sys.executable, "-m", "studio", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    if check_rc is not None:
+        assert proc.returncode == check_rc, proc.stderr + proc.stdout
+    return proc
+
+
+@pytest.fixture()
+def home(tmp_path) -> Path:
+    return tmp_path / "home"
+
+
+def studio_inproc(capsys, *args) -> tuple[int, str, str]:
+    """The CLI in this process (no interpreter start-up): (exit code, stdout, stderr)."""
+    from studio.cli import main
+
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_png_and_mp4_carry_a_request_that_reproduces_them(tmp_path, home):
+    png = tmp_path / "a.png"
+    out = studio("render", "--prompt", "a red circle", "--out", png, "--steps", "4", home=home)
+    assert "wrote" in out.stdout and png.exists()
+    meta = read_metadata(png)
+    req = meta["request"]
+    assert req["prompt"] == "a red circle" and req["model"] == "embedded"
+    assert req["width"] == 64 and req["num_frames"] == 1 and len(req["model_hash"]) == 32
+    assert meta["environment"]["dtype"] == "float32"
+    from PIL import Image
+
+    assert "Seed: " in Image.open(png).text["parameters"]
+
+    mp4 = tmp_path / "a.mp4"
+    studio("render", "--prompt", "a red circle", "--mode", "t2v", "--steps", "4", "--out", mp4,
+           home=home)
+    vmeta = read_metadata(mp4)["request"]
+    assert vmeta["mode"] == "t2v" and vmeta["num_frames"] == 9
+    probe = __import__("av").open(str(mp4))
+    stream = probe.streams.video[0]
+    assert stream.codec_context.name == "h264" and stream.codec_context.pix_fmt == "yuv420p"
+    probe.close()
+
+    # case 003: the metadata alone re-runs the request to the same pixels
+    for src, dst in ((png, tmp_path / "again.png"), (mp4, tmp_path / "again.mp4")):
+        studio("render", "--from", src, "--out", dst, home=home)
+        assert read_metadata(dst)["request"] == read_metadata(src)["request"]
+        assert np.array_equal(read_frames(src), read_frames(dst))
+
+
+def test_gif_webp_and_image_inputs(tmp_path, home):
+    gif = tmp_path / "a.gif"
+    studio("render", "--prompt", "a star", "--mode", "t2v", "--steps", "2", "--frames", "5",
+           "--out", gif, home=home)
+    assert read_frames(gif).shape[0] == 5 and read_metadata(gif)["request"]["num_frames"] == 5
+    webp = tmp_path / "b.webp"
+    proc = studio("render", "--first-frame", CASES / "002-init-image-modes" / "gray_alpha.png",
+                  "--prompt", "a star", "--steps", "2", "--out", webp, home=home)
+    assert "48x80" in proc.stderr  # the UI/CLI says which size was used
+    req = read_metadata(webp)["request"]
+    assert req["mode"] == "i2v" and (req["width"], req["height"]) == (48, 80)
+    assert "white" in req["first_frame"]["conversion"]
+    # re-running with the same input works, with another input is refused
+    studio("render", "--from", webp, "--first-frame",
+           CASES / "002-init-image-modes" / "gray_alpha.png", "--out", tmp_path / "c.webp",
+           home=home)
+    bad = studio("render", "--from", webp, "--first-frame",
+                 CASES / "002-init-image-modes" / "palette.png", "--out", tmp_path / "d.webp",
+                 home=home, check_rc=2)
+    assert "first_frame" in bad.stderr and "not the one" in bad.stderr
+    missing = studio("render", "--from", webp, "--out", tmp_path / "e.webp", home=home,
+                     check_rc=2)
+    assert "--first-frame" in missing.stderr
+
+
+@pytest.mark.parametrize("name", ["rgba_transparent.png", "gray16.png", "palette.png",
+                                  "gray_alpha.png"])
+@pytest.mark.parametrize("flag,mode,suffix", [("--init-image", "i2i", ".png"),
+                                              ("--first-frame", "i2v", ".mp4")])
+def test_case_002_every_pixel_format_is_accepted(tmp_path, capsys, name, flag, mode, suffix):
+    out = tmp_path / f"out{suffix}"
+    extra = ["--frames", "5"] if mode == "i2v" else []
+    code, _, err = studio_inproc(capsys, "render", flag, CASES / "002-init-image-modes" / name,
+                                 "--prompt", "a shape", "--steps", "2", *extra, "--out", out)
+    assert code == 0, err
+    frames = read_frames(out)
+    req = read_metadata(out)["request"]
+    assert req["mode"] == mode and frames.dtype == np.uint8
+    assert req["width"] % 16 == 0 and req["height"] % 16 == 0
+    assert frames.shape[1:3] == (req["height"], req["width"])
+    field = "init_image" if mode == "i2i" else "first_frame"
+    assert req[field]["conversion"] and req[field]["source"] == name
+    if name == "gray_alpha.png":  # 40x72 fits no model: the size used is said
+        assert "48x80" in err and (req["width"], req["height"]) == (48, 80)
+
+
+@pytest.mark.parametrize("flag", ["--init-image", "--first-frame", "--reference"])
+def test_case_001_truncated_input_is_refused_before_model_work(tmp_path, home, flag):
+    out = tmp_path / "x.png"
+    proc = studio("render", flag, CASES / "001-truncated-init-image" / "truncated.png",
+                  "--prompt", "x", "--out", out, home=home, check_rc=2)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "truncated.png" in lines[0]
+    assert "damaged or incomplete" in lines[0] and "Traceback" not in proc.stderr
+    assert not out.exists() and not list(tmp_path.glob("*.tmp*"))
+
+
+@pytest.mark.parametrize("args,field", [
+    (["--width", "70"], "width"), (["--steps", "0"], "steps"),
+    (["--mode", "t2v", "--frames", "10"], "num_frames"), (["--guidance", "500"], "guidance"),
+    (["--seed", "-1"], "seed"), (["--model", "nobody/nothing"], "model"),
+    (["--mode", "t2v", "--out-override", "x.png"], "out"),
+    (["--mode", "r2v", "--reference", "README.md"], "references[0]"),
+])
+def test_bad_input_exits_2_with_one_line_naming_the_field(tmp_path, capsys, args, field):
+    out = tmp_path / "x.png"
+    if "--out-override" in args:
+        args = args[:2]
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "a circle", *args, "--out", out)
+    assert code == 2 and field in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ")
+    assert not out.exists()
+
+
+def test_models_table(home):
+    proc = studio("models", home=home)
+    header, *rows = proc.stdout.strip().splitlines()
+    assert header.split()[:3] == ["MODEL", "FAMILY", "MODES"]
+    assert any(r.startswith("embedded") and "t2v" in r and " ok" in r for r in rows)
+
+
+def test_bad_request_in_file_and_internal_error(tmp_path, capsys, monkeypatch):
+    # metadata that is JSON but not a valid request: bad input, named field
+    bad = tmp_path / "weird.png"
+    from PIL import Image, PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_itxt("studio:request", json.dumps({"mode": "t2i", "prompt": 5}))
+    Image.new("RGB", (8, 8)).save(bad, pnginfo=info)
+    code, _, err = studio_inproc(capsys, "render", "--from", bad, "--out", tmp_path / "o.png")
+    assert code == 2 and "prompt" in err and "Traceback" not in err
+
+    # a bug: exit 1, a message and the log file that holds the traceback
+    import studio.store.export as export
+
+    def broken(*a, **k):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(export, "write_result", broken)
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--steps", "1", "--out",
+                                 tmp_path / "o.png")
+    assert code == 1 and "disk on fire" in err and "Traceback" not in err
+    log = err.split("details in ")[1].rstrip(")\n")
+    assert "Traceback" in Path(log).read_text() and not (tmp_path / "o.png").exists()

@@ -1,0 +1,123 @@
+"""The model registry: embedded, folders, HF cache layout; clear errors for bad folders."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from studio.engine.models.folders import ModelError
+from studio.engine.models.registry import EMBEDDED_ID, ModelRegistry
+
+
+def copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_embedded_model_is_listed_and_resolves():
+    reg = ModelRegistry(include_hf_cache=False)
+    entry = reg.resolve(EMBEDDED_ID)
+    assert entry.usable and entry.family == "wan" and entry.source == "embedded"
+    assert {"t2i", "t2v"} <= entry.capabilities.modes
+    assert entry.size_bytes > 0 and entry.dtype
+    assert EMBEDDED_ID in [e.model_id for e in reg.list()]
+    h = reg.content_hash(entry)
+    assert len(h) == 32 and h == ModelRegistry(include_hf_cache=False).content_hash(entry)
+
+
+def test_families_and_modes(tiny_models):
+    reg = ModelRegistry(include_hf_cache=False)
+    modes = {name: reg.resolve(str(p)).capabilities.modes for name, p in tiny_models.items()}
+    assert modes["wan-t2v"] == {"t2i", "t2v", "i2i"}
+    assert modes["wan-ti2v"] == {"t2i", "t2v", "i2i", "i2v"}
+    assert modes["wan-i2v"] == {"i2v"}
+    assert modes["flux"] == {"t2i", "i2i"}
+    wan = reg.resolve(str(tiny_models["wan-t2v"])).capabilities
+    assert wan.spatial_multiple == 16 and wan.frame_multiple == 4
+
+
+def test_model_folders_and_hf_cache_layout(tiny_models, tmp_path, monkeypatch):
+    folder = tmp_path / "models"
+    copy(tiny_models["flux"], folder / "my-flux")
+    hub = tmp_path / "hub"
+    repo = hub / "models--acme--tiny-wan"
+    copy(tiny_models["wan-t2v"], repo / "snapshots" / "abc123")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    reg = ModelRegistry([folder])
+    ids = {e.model_id: e for e in reg.list()}
+    assert ids["acme/tiny-wan"].usable and ids["acme/tiny-wan"].source == "hf-cache"
+    assert ids[str(folder / "my-flux")].family == "flux"
+    assert reg.resolve("acme/tiny-wan").family == "wan"
+    assert reg.resolve("my-flux").family == "flux"
+
+
+def break_file(folder: Path, how: str) -> str:
+    weights = folder / "transformer" / "diffusion_pytorch_model.safetensors"
+    if how == "missing-index":
+        (folder / "model_index.json").unlink()
+        return "model_index.json"
+    if how == "bad-index":
+        (folder / "model_index.json").write_text("{not json")
+        return "model_index.json"
+    if how == "missing-component":
+        shutil.rmtree(folder / "vae")
+        return "vae"
+    if how == "missing-config":
+        (folder / "transformer" / "config.json").unlink()
+        return "config.json"
+    if how == "missing-weights":
+        weights.unlink()
+        return "transformer"
+    if how == "truncated-weights":
+        data = weights.read_bytes()
+        weights.write_bytes(data[: len(data) // 2])
+        return "diffusion_pytorch_model.safetensors"
+    if how == "garbage-weights":
+        weights.write_bytes(b"\x00" * 100)
+        return "diffusion_pytorch_model.safetensors"
+    if how == "pickle-weights":
+        weights.unlink()
+        (weights.parent / "diffusion_pytorch_model.bin").write_bytes(b"x")
+        return "pickle"
+    raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["missing-index", "bad-index", "missing-component",
+                                 "missing-config", "missing-weights", "truncated-weights",
+                                 "garbage-weights", "pickle-weights"])
+def test_broken_folders_give_clear_errors(tiny_models, tmp_path, how):
+    folder = copy(tiny_models["wan-t2v"], tmp_path / "broken")
+    needle = break_file(folder, how)
+    reg = ModelRegistry([tmp_path], include_hf_cache=False)
+    with pytest.raises(ModelError) as info:
+        reg.resolve(str(folder))
+    assert needle in str(info.value) and isinstance(info.value, ValueError)
+    # listing never stops at a bad folder
+    copy(tiny_models["flux"], tmp_path / "good")
+    listed = {e.path.name: e for e in reg.list()}
+    assert listed["broken"].error and listed["good"].usable
+
+
+def test_unknown_model_and_unsupported_family(tiny_models, tmp_path):
+    reg = ModelRegistry(include_hf_cache=False)
+    with pytest.raises(ModelError, match="nothing is downloaded"):
+        reg.resolve("nobody/nothing")
+    folder = copy(tiny_models["flux"], tmp_path / "other")
+    index = json.loads((folder / "model_index.json").read_text())
+    index["_class_name"] = "StableCascadePipeline"
+    (folder / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(ModelError, match="not supported"):
+        reg.resolve(str(folder))
+
+
+def test_studio_json_overrides_defaults(tiny_models, tmp_path):
+    folder = copy(tiny_models["wan-t2v"], tmp_path / "m")
+    (folder / "studio.json").write_text(json.dumps(
+        {"capabilities": {"default_width": 96, "modes": ["t2v", "t2i", "r2v"]}}))
+    caps = ModelRegistry(include_hf_cache=False).resolve(str(folder)).capabilities
+    assert caps.default_width == 96 and caps.modes == {"t2v", "t2i"}  # cannot add modes

@@ -1,0 +1,232 @@
+"""The adherence evaluator: right on the world's own renders (also noisy or blurred), and
+demonstrably able to fail (shuffled captions, single wrong attributes, ignored prompts)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from studio.tiny import evaluate as ev
+from studio.tiny import world as w
+
+N_PROMPTS = 240  # per mode; the evaluation set is >= 200 prompts
+
+
+def _noise(x: np.ndarray, rng: np.random.Generator, sigma: float = 8.0) -> np.ndarray:
+    return np.clip(np.rint(x + rng.normal(0.0, sigma, x.shape)), 0, 255).astype(np.uint8)
+
+
+def _box_blur(x: np.ndarray) -> np.ndarray:
+    """3x3 box blur over the two spatial axes (the last but one two), edges replicated."""
+    pad = [(0, 0)] * (x.ndim - 3) + [(1, 1), (1, 1), (0, 0)]
+    p = np.pad(x.astype(np.float32), pad, mode="edge")
+    h, wd = x.shape[-3:-1]
+    out = sum(p[..., dy:dy + h, dx:dx + wd, :] for dy in range(3) for dx in range(3)) / 9.0
+    return np.rint(out).astype(np.uint8)
+
+
+def _gaussian_blur(x: np.ndarray, sigma: float = 0.7) -> np.ndarray:
+    k = np.exp(-np.arange(-2, 3) ** 2 / (2 * sigma ** 2))
+    k /= k.sum()
+    f = x.astype(np.float32)
+    h, wd = x.shape[-3:-1]
+    lead = [(0, 0)] * (x.ndim - 3)
+    p = np.pad(f, lead + [(2, 2), (0, 0), (0, 0)], mode="edge")
+    f = sum(k[i] * p[..., i:i + h, :, :] for i in range(5))
+    p = np.pad(f, lead + [(0, 0), (2, 2), (0, 0)], mode="edge")
+    f = sum(k[i] * p[..., :, i:i + wd, :] for i in range(5))
+    return np.rint(f).astype(np.uint8)
+
+
+CORRUPTIONS = {
+    "clean": lambda x, rng: x,
+    "noise": _noise,
+    "box_blur": lambda x, rng: _box_blur(x),
+    "gaussian_blur": lambda x, rng: _gaussian_blur(x),
+}
+
+
+@pytest.fixture(scope="module")
+def renders():
+    """Per mode: the evaluation specs and the world's renders of them."""
+    out = {}
+    for mode in w.MODES:
+        specs = [s for _, s in w.eval_prompts(N_PROMPTS, mode, seed=0)]
+        if mode == "t2v":
+            samples = [w.render_clip(s) for s in specs]
+        else:
+            samples = [w.render_image(s) for s in specs]
+        out[mode] = specs, samples
+    return out
+
+
+def _failures(report: ev.EvalReport) -> list:
+    return [d for d in report.details if not all(all(v) for v in d["correct"].values())][:5]
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+@pytest.mark.parametrize("mode", w.MODES)
+def test_own_renders_score_at_least_98_percent(renders, mode, corruption):
+    specs, samples = renders[mode]
+    rng = np.random.default_rng(7)
+    corrupted = [CORRUPTIONS[corruption](x, rng) for x in samples]
+    report = ev.evaluate(corrupted, specs)
+    expected = {"background", "count", "colour", "shape", "size", "position"}
+    if mode == "t2v":
+        expected.add("motion")
+    assert set(report.accuracy) == expected
+    assert report.counts["colour"] == N_PROMPTS
+    for attribute, accuracy in report.accuracy.items():
+        assert accuracy >= 0.98, (attribute, report.summary(), _failures(report))
+
+
+@pytest.mark.parametrize("mode", w.MODES)
+def test_shuffled_captions_score_near_chance(renders, mode):
+    specs, samples = renders[mode]
+    perm = np.random.default_rng(1).permutation(len(specs))
+    report = ev.evaluate(samples, [specs[i] for i in perm])
+    for attribute, accuracy in report.accuracy.items():
+        if attribute == "count":  # every evaluation scene has one object
+            continue
+        chance = report.chance[attribute]
+        assert chance < 0.55
+        assert abs(accuracy - chance) <= 0.1, (attribute, accuracy, chance)
+        assert accuracy <= 0.6, (attribute, accuracy)
+
+
+def _other(values, current, rng):
+    choices = [v for v in values if v != current]
+    return choices[int(rng.integers(len(choices)))]
+
+
+def _change(spec: w.SceneSpec, attribute: str, rng: np.random.Generator) -> w.SceneSpec:
+    (obj,) = spec.objects
+    if attribute == "background":
+        allowed = [b for b in w.BACKGROUNDS if w.is_allowed(obj.colour, b)]
+        return dataclasses.replace(spec, background=_other(allowed, spec.background, rng))
+    if attribute == "colour":
+        allowed = [c for c in w.COLOURS if w.is_allowed(c, spec.background)]
+        new = dataclasses.replace(obj, colour=_other(allowed, obj.colour, rng))
+    else:
+        values = {"shape": w.SHAPES, "size": w.SIZES, "position": w.POSITIONS,
+                  "motion": w.MOTIONS}[attribute]
+        new = dataclasses.replace(obj, **{attribute: _other(values, getattr(obj, attribute), rng)})
+    return dataclasses.replace(spec, objects=(new,))
+
+
+@pytest.mark.parametrize("attribute", ["background", "colour", "shape", "size", "position",
+                                       "motion"])
+def test_a_single_wrong_attribute_is_caught(renders, attribute):
+    """Render each prompt with exactly one attribute changed: only that attribute fails."""
+    mode = "t2v" if attribute == "motion" else "t2i"
+    specs = renders[mode][0][:60]
+    rng = np.random.default_rng(3)
+    wrong = [_change(s, attribute, rng) for s in specs]
+    render = w.render_clip if mode == "t2v" else w.render_image
+    report = ev.evaluate([render(s) for s in wrong], specs)
+    for name, accuracy in report.accuracy.items():
+        if name == attribute:
+            assert accuracy <= 0.02, (name, report.summary())
+        else:
+            assert accuracy >= 0.98, (name, report.summary())
+
+
+@pytest.mark.parametrize("video", [False, True])
+def test_two_object_training_scenes(video):
+    rng = np.random.default_rng(11)
+    specs = []
+    while len(specs) < (40 if video else 120):
+        spec = w.sample_scene(rng, video=video, two_object_prob=1.0)
+        if len(spec.objects) == 2:
+            specs.append(spec)
+    render = w.render_clip if video else w.render_image
+    report = ev.evaluate([_noise(render(s), rng) for s in specs], specs)
+    assert report.counts["colour"] == 2 * len(specs)
+    for attribute, accuracy in report.accuracy.items():
+        assert accuracy >= 0.98, (attribute, report.summary(), _failures(report))
+
+
+@pytest.mark.parametrize("frames, height, width", [(9, 96, 96), (5, 64, 96), (16, 128, 128)])
+def test_other_resolutions_and_frame_counts(frames, height, width):
+    specs = [s for _, s in w.eval_prompts(28, "t2v", seed=5)]
+    samples = [w.render_clip(s, frames, height, width) for s in specs]
+    report = ev.evaluate(samples, specs)
+    assert min(report.accuracy.values()) >= 0.96, report.summary()
+
+
+def test_reading_measures_geometry():
+    spec = w.SceneSpec("sky", (w.ObjectSpec("red", "square", "large", "top right"),))
+    reading = ev.analyze_image(w.render_image(spec))
+    assert reading.background == "sky"
+    assert reading.background_scores["sky"] < 10  # the object's pixels, capped
+    assert min(v for k, v in reading.background_scores.items() if k != "sky") > 50
+    (obj,) = reading.objects
+    assert obj.motion is None and obj.motion_features is None
+    assert obj.extent == pytest.approx(w.SIZE_FRACTIONS["large"], abs=0.01)
+    assert obj.centre == pytest.approx(w.POSITION_XY["top right"], abs=0.01)
+    assert obj.shape_scores["square"] > 0.95 > max(
+        v for k, v in obj.shape_scores.items() if k != "square")
+    assert np.allclose(obj.rgb, w.COLOURS["red"], atol=2)
+    falling = dataclasses.replace(spec.objects[0], motion="down")
+    clip = w.render_clip(dataclasses.replace(spec, video=True, objects=(falling,)))
+    (moving,) = ev.analyze_clip(clip).objects
+    assert moving.position == "top right" and moving.motion == "down"
+    dx, dy, dlog_area = moving.motion_features
+    assert dy == pytest.approx(w.MOTION_DISTANCE, abs=0.01) and abs(dx) < 0.01
+    assert abs(dlog_area) < 0.1
+
+
+def test_empty_and_float_inputs():
+    blank = np.broadcast_to(np.asarray(w.SOLID_BACKGROUNDS["teal"], np.uint8), (64, 64, 3))
+    reading = ev.analyze_image(blank)
+    assert reading.background == "teal" and reading.objects == ()
+    spec = w.SceneSpec("teal", (w.ObjectSpec("yellow", "circle", "small", "left"),))
+    report = ev.evaluate([blank], [spec])
+    assert report.accuracy["background"] == 1.0
+    assert report.accuracy["colour"] == 0.0 and report.accuracy["count"] == 0.0
+    image = w.render_image(spec)
+    as_float = ev.analyze_image(image.astype(np.float32) / 255.0)
+    assert as_float.objects[0].colour == "yellow" and as_float.objects[0].position == "left"
+    with pytest.raises(ValueError):
+        ev.evaluate([image], [spec, spec])
+    with pytest.raises(ValueError):
+        ev.analyze_image(image[..., :2])
+
+
+def test_numpy_labelling_matches_scipy(monkeypatch):
+    rng = np.random.default_rng(2)
+    specs = [w.sample_scene(rng, two_object_prob=1.0) for _ in range(12)]
+    images = [_noise(w.render_image(s), rng) for s in specs]
+    with_default = [ev.analyze_image(x) for x in images]
+    monkeypatch.setattr(ev, "_USE_SCIPY", False)
+    labels, n = ev._label(np.array([[1, 0, 0, 1], [0, 1, 0, 1], [0, 0, 0, 0], [1, 1, 0, 0]],
+                                   dtype=bool))
+    assert n == 3 and labels[0, 0] == labels[1, 1] != labels[0, 3] != labels[3, 0]
+    with_numpy = [ev.analyze_image(x) for x in images]
+    assert with_numpy == with_default
+
+
+def test_score_mode_oracle_and_prompt_ignoring_generators():
+    oracle = ev.score_mode(ev.oracle_generator(), "t2i", n=48, batch_size=16)
+    assert min(oracle.accuracy.values()) >= 0.98, oracle.summary()
+    assert oracle.counts["background"] == 48
+
+    fixed = w.render_image(w.SceneSpec("gray", (w.ObjectSpec("red", "circle", "small",
+                                                             "center"),)))
+
+    def ignore_prompts(captions):
+        return np.stack([fixed] * len(captions))
+
+    ignorant = ev.score_mode(ignore_prompts, "t2i", n=48)
+    assert ignorant.accuracy["background"] <= 0.1
+    assert ignorant.accuracy["colour"] <= 0.3
+    assert ignorant.accuracy["position"] <= 0.3
+
+    clips = ev.score_mode(ev.oracle_generator(frames=5), "t2v", n=16)
+    assert min(clips.accuracy.values()) >= 0.98, clips.summary()
+    assert "motion" in clips.accuracy and "motion" in clips.summary()
+
+    with pytest.raises(ValueError):
+        ev.score_mode(ignore_prompts, "t2v", n=4)  # images where clips are due
