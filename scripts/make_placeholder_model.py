@@ -23,5 +23,7 @@ build_tiny_wan(out, variant="ti2v", seed=1234)
     "capabilities": {"default_width": 64, "default_height": 64, "default_frames": 9,
                      "default_fps": 8.0, "default_steps": 20, "default_guidance": 5.0,
                      "max_size": 256, "max_pixels": 65536, "max_frames": 33},
+    "call_kwargs": {"max_sequence_length": 32},
+    "reference_frames": "append",
 }, indent=2) + "\n")
 print(f"wrote {out}", file=sys.stderr)

@@ -1,8 +1,10 @@
-"""``python -m studio``: launches the studio.
+"""``python -m studio``: the studio window, or the CLI.
 
-Until the studio window lands (issue 4), this renders a sample image and a sample video on the
-embedded default model with the CLI and prints where they are. Arguments are passed to
-``studio`` (the CLI) when given, e.g. ``python -m studio models``.
+* ``python -m studio`` opens the studio on the last project (or a new
+  ``~/DiffusionStudio/Untitled``); ``python -m studio FOLDER`` opens (or creates) that project.
+* ``python -m studio render ...`` / ``python -m studio models`` run the headless CLI.
+* ``python -m studio --samples`` renders a sample image and a sample video on the embedded
+  model with the CLI, without a window, and prints where they are.
 """
 
 from __future__ import annotations
@@ -10,16 +12,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+CLI_COMMANDS = ("render", "models")
 
-def main(argv: list[str] | None = None) -> int:
+
+def render_samples() -> int:
+    """Renders the sample image and video into ./out/samples with the CLI."""
     from studio.cli import main as cli_main
 
-    argv = sys.argv[1:] if argv is None else argv
-    if argv:
-        return cli_main(argv)
     out = Path.cwd() / "out" / "samples"
-    print("Diffusion Studio: rendering samples on the embedded model (the studio window comes "
-          "with issue 4)")
+    print("Diffusion Studio: rendering samples on the embedded model")
     for args in (["--prompt", "a small red star in the top left corner on a grass background",
                   "--seed", "7", "--out", str(out / "sample.png")],
                  ["--mode", "t2v", "--prompt", "a blue circle slides to the right across a "
@@ -29,6 +30,20 @@ def main(argv: list[str] | None = None) -> int:
             return code
     print(f"samples are in {out}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatches to the CLI, the sample renderer or the studio window."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in CLI_COMMANDS:
+        from studio.cli import main as cli_main
+
+        return cli_main(argv)
+    if argv and argv[0] == "--samples":
+        return render_samples()
+    from studio.ui.app import main as ui_main
+
+    return ui_main(argv)
 
 
 if __name__ == "__main__":

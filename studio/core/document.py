@@ -2,8 +2,9 @@
 
 Pure Python: no Qt, no torch, no sqlite. Three kinds of change reach a :class:`Document`:
 
-* **Edits by the user** go through :class:`Command` objects pushed on the document's
-  :class:`UndoStack` (``doc.history``): :class:`AddVariant`, :class:`DeleteVariant`,
+* **Edits by the user** go through :class:`~studio.core.history.Command` objects pushed on
+  the document's :class:`~studio.core.history.UndoStack` (``doc.history``), the commands of
+  :mod:`studio.core.commands`: :class:`AddVariant`, :class:`DeleteVariant`,
   :class:`RenameVariant`, :class:`StarVariant`, :class:`AddShot`, :class:`RemoveShot`,
   :class:`MoveShot`, :class:`TrimShot`, :class:`SetShotDuration`. Each can be undone and redone;
   consecutive commands with the same ``merge_key`` merge into one undo step (typing a name,
@@ -34,11 +35,13 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
+
+from studio.core.history import HISTORY_CHANGED, Command, UndoStack
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +83,6 @@ SHOTS_REMOVED = "shots_removed"
 SHOTS_CHANGED = "shots_changed"
 SHOTS_MOVED = "shots_moved"
 QUEUE_CHANGED = "queue_changed"
-HISTORY_CHANGED = "history_changed"
 
 
 class UnknownIdError(KeyError, ValueError):
@@ -674,525 +676,61 @@ class Document:
 
 
 # ---------------------------------------------------------------------------------------------
-# Undo
-
-
-class Command:
-    """An undoable edit. Subclasses implement :meth:`do` and :meth:`undo`.
-
-    ``do`` is called on push and on every redo, ``undo`` on every undo; both must check
-    their input before changing anything. A command with a non-None ``merge_key`` absorbs the
-    next pushed command of the same class and key through :meth:`merge`.
-    """
-
-    label = "Edit"
-    merge_key: Hashable | None = None
-
-    def do(self, doc: Document) -> None:
-        raise NotImplementedError
-
-    def undo(self, doc: Document) -> None:
-        raise NotImplementedError
-
-    def merge(self, other: Command) -> bool:
-        """Takes ``other``'s end state (``other`` was already done); True when merged."""
-        return False
-
-    def held_media(self) -> set[str]:
-        """Media ids this command keeps alive for a future undo or redo."""
-        return set()
-
-
-class _Group(Command):
-    def __init__(self, label: str) -> None:
-        self.label = label or "Edit"
-        self.commands: list[Command] = []
-
-    def do(self, doc: Document) -> None:
-        for cmd in self.commands:
-            cmd.do(doc)
-
-    def undo(self, doc: Document) -> None:
-        for cmd in reversed(self.commands):
-            cmd.undo(doc)
-
-    def held_media(self) -> set[str]:
-        return set().union(*(c.held_media() for c in self.commands))
-
-
-def _merges(top: Command, cmd: Command) -> bool:
-    return (
-        top.merge_key is not None
-        and type(top) is type(cmd)
-        and top.merge_key == cmd.merge_key
-        and top.merge(cmd)
-    )
-
-
-class UndoStack:
-    """Linear undo history of a document (``doc.history``).
-
-    Pushing after an undo drops the redo tail. A push merges into the top step when both have
-    the same ``merge_key``, unless the history was sealed since (:meth:`seal`, any undo, redo
-    or group end) or the top step is the clean state. Undo and redo of one step (a group
-    included) reach listeners as one event list.
-    """
-
-    def __init__(self, document: Document) -> None:
-        self._doc = document
-        self._steps: list[Command] = []
-        self._index = 0
-        self._clean: int | None = 0
-        self._open: list[_Group] = []
-        self._sealed = False
-
-    @property
-    def can_undo(self) -> bool:
-        return self._index > 0 and not self._open
-
-    @property
-    def can_redo(self) -> bool:
-        return self._index < len(self._steps) and not self._open
-
-    @property
-    def undo_label(self) -> str:
-        return self._steps[self._index - 1].label if self._index else ""
-
-    @property
-    def redo_label(self) -> str:
-        return self._steps[self._index].label if self._index < len(self._steps) else ""
-
-    @property
-    def index(self) -> int:
-        """Number of steps currently done."""
-        return self._index
-
-    def __len__(self) -> int:
-        return len(self._steps)
-
-    @property
-    def is_clean(self) -> bool:
-        """Whether the document is at the step marked by :meth:`set_clean`."""
-        return not self._open and self._index == self._clean
-
-    def set_clean(self) -> None:
-        """Marks the current step as the clean state."""
-        self._clean = self._index
-        self._doc._emit(HISTORY_CHANGED)
-
-    def seal(self) -> None:
-        """Stops the next push from merging into the current top step (end of a drag)."""
-        self._sealed = True
-
-    def _truncate(self) -> None:
-        del self._steps[self._index :]
-        if self._clean is not None and self._clean > self._index:
-            self._clean = None
-
-    def push(self, command: Command) -> None:
-        """Does ``command`` and records it as an undo step (or inside the open group).
-
-        Raises:
-            TypeError: not a Command.
-            whatever ``command.do`` raises (then nothing is recorded).
-        """
-        if not isinstance(command, Command):
-            raise TypeError(f"command: expected a Command, got {type(command).__name__}")
-        with self._doc.batch():
-            command.do(self._doc)
-            if self._open:
-                cmds = self._open[-1].commands
-                if not (cmds and _merges(cmds[-1], command)):
-                    cmds.append(command)
-                return
-            self._truncate()
-            top = self._steps[-1] if self._steps else None
-            mergeable = top is not None and not self._sealed and self._index != self._clean
-            if not (mergeable and _merges(top, command)):
-                self._steps.append(command)
-                self._index += 1
-            self._sealed = False
-            self._doc._emit(HISTORY_CHANGED)
-
-    def undo(self) -> bool:
-        """Undoes one step; False when there is none.
-
-        Raises:
-            RuntimeError: a group is open.
-        """
-        if self._open:
-            raise RuntimeError("undo: a group is open; call end_group() first")
-        if not self._index:
-            return False
-        with self._doc.batch():
-            self._steps[self._index - 1].undo(self._doc)
-            self._index -= 1
-            self._sealed = True
-            self._doc._emit(HISTORY_CHANGED)
-        return True
-
-    def redo(self) -> bool:
-        """Redoes one step; False when there is none.
-
-        Raises:
-            RuntimeError: a group is open.
-        """
-        if self._open:
-            raise RuntimeError("redo: a group is open; call end_group() first")
-        if self._index >= len(self._steps):
-            return False
-        with self._doc.batch():
-            self._steps[self._index].do(self._doc)
-            self._index += 1
-            self._sealed = True
-            self._doc._emit(HISTORY_CHANGED)
-        return True
-
-    def begin_group(self, label: str = "") -> None:
-        """Starts a gesture: commands pushed until the matching :meth:`end_group` are one step.
-
-        Groups nest; commands run as they are pushed (and are saved as they run).
-        """
-        if not self._open:
-            self._truncate()
-        self._open.append(_Group(label))
-
-    def end_group(self) -> None:
-        """Closes the innermost group; an empty group leaves no step.
-
-        Raises:
-            RuntimeError: no group is open.
-        """
-        if not self._open:
-            raise RuntimeError("end_group: no group is open")
-        group = self._open.pop()
-        if not group.commands:
-            return
-        if self._open:
-            self._open[-1].commands.append(group)
-            return
-        self._steps.append(group)
-        self._index += 1
-        self._sealed = True
-        self._doc._emit(HISTORY_CHANGED)
-
-    @contextmanager
-    def group(self, label: str = "") -> Iterator[None]:
-        """``with history.group("Drag"):`` begin/end_group around a block (ended on error too)."""
-        self.begin_group(label)
-        try:
-            yield
-        finally:
-            self.end_group()
-
-    def clear(self) -> None:
-        """Forgets every step (the document is unchanged); the current state becomes clean.
-
-        Raises:
-            RuntimeError: a group is open.
-        """
-        if self._open:
-            raise RuntimeError("clear: a group is open")
-        self._steps, self._index, self._clean, self._sealed = [], 0, 0, False
-        self._doc._emit(HISTORY_CHANGED)
-
-    def held_media(self) -> set[str]:
-        """Media ids that some undo or redo step could bring back (keep them on disk)."""
-        steps = self._steps + list(self._open)
-        return set().union(*(c.held_media() for c in steps))
-
-
-# ---------------------------------------------------------------------------------------------
-# Commands
-
-
-class AddVariant(Command):
-    """Adds a variant (queued by default, appended to the queue); ``variant_id`` tells its id.
-
-    Undo removes it (the controller cancels its job); redo brings back the node as it was at
-    undo time (a pending one comes back queued).
-
-    Raises:
-        ValueError: bad field values (see :class:`Variant`), at construction.
-        UnknownIdError: ``parent_id`` unknown, when done.
-    """
-
-    label = "Add variant"
-
-    def __init__(
-        self,
-        request_json: str,
-        request_id: str,
-        *,
-        parent_id: str | None = None,
-        name: str = "",
-        variant_id: str | None = None,
-        status: Status | str = Status.QUEUED,
-        artifacts: Iterable[Artifact] = (),
-        created_at: float | None = None,
-    ) -> None:
-        v = Variant(
-            id=variant_id or new_id(),
-            parent_id=parent_id,
-            request_json=request_json,
-            request_id=request_id,
-            status=status,
-            name=name,
-            artifacts=tuple(artifacts),
-            created_at=time.time() if created_at is None else created_at,
-        )
-        self.variant_id = v.id
-        queue = ((1 << 62, v.id),) if v.status in PENDING else ()
-        self._snapshot = _Removed((v,), (), queue)
-
-    def do(self, doc: Document) -> None:
-        doc._restore_subtree(self._snapshot)
-
-    def undo(self, doc: Document) -> None:
-        self._snapshot = doc._remove_subtree(self.variant_id)
-
-    def held_media(self) -> set[str]:
-        return self._snapshot.media()
-
-
-class DeleteVariant(Command):
-    """Deletes a variant with its subtree, the shots showing them and their queued jobs.
-
-    Undo puts all of it back where it was (pending variants come back queued).
-
-    Raises:
-        UnknownIdError: unknown variant, when done.
-    """
-
-    label = "Delete variant"
-
-    def __init__(self, variant_id: str) -> None:
-        _check_id(variant_id, "variant_id")
-        self.variant_id = variant_id
-        self._removed: _Removed | None = None
-
-    def do(self, doc: Document) -> None:
-        self._removed = doc._remove_subtree(self.variant_id)
-
-    def undo(self, doc: Document) -> None:
-        assert self._removed is not None
-        doc._restore_subtree(self._removed)
-
-    def held_media(self) -> set[str]:
-        return self._removed.media() if self._removed else set()
-
-
-class _SetField(Command):
-    """Sets one field of a variant or shot, remembering the value before the first do."""
-
-    _field = ""
-    _shot = False
-
-    def __init__(self, target_id: str, value: Any) -> None:
-        self.target_id = target_id
-        self.value = value
-        self._old: Any = None
-
-    @property
-    def merge_key(self) -> Hashable | None:  # type: ignore[override]
-        return None
-
-    def _get(self, doc: Document) -> Any:
-        obj = doc.shot(self.target_id) if self._shot else doc.variant(self.target_id)
-        return getattr(obj, self._field)
-
-    def _set(self, doc: Document, value: Any) -> None:
-        if self._shot:
-            doc._update_shot(self.target_id, **{self._field: value})
-        else:
-            doc._update_variant(self.target_id, **{self._field: value})
-
-    def do(self, doc: Document) -> None:
-        self._old = self._get(doc)
-        self._set(doc, self.value)
-
-    def undo(self, doc: Document) -> None:
-        self._set(doc, self._old)
-
-    def merge(self, other: Command) -> bool:
-        assert isinstance(other, _SetField)
-        self.value = other.value
-        return True
-
-
-class RenameVariant(_SetField):
-    """Renames a variant; consecutive renames of the same variant merge into one step."""
-
-    label = "Rename variant"
-    _field = "name"
-
-    def __init__(self, variant_id: str, name: str) -> None:
-        _check_id(variant_id, "variant_id")
-        if not isinstance(name, str):
-            raise ValueError(f"name: expected a string, got {type(name).__name__}")
-        super().__init__(variant_id, name)
-
-    @property
-    def merge_key(self) -> Hashable:  # type: ignore[override]
-        return ("rename", self.target_id)
-
-
-class StarVariant(_SetField):
-    """Stars (or un-stars) a variant."""
-
-    label = "Star variant"
-    _field = "starred"
-
-    def __init__(self, variant_id: str, starred: bool = True) -> None:
-        _check_id(variant_id, "variant_id")
-        if not isinstance(starred, bool):
-            raise ValueError(f"starred: expected a bool, got {starred!r}")
-        super().__init__(variant_id, starred)
-
-
-class AddShot(Command):
-    """Adds a shot showing ``variant_id`` at ``index`` (None: the end); ``shot_id`` tells its id.
-
-    Raises:
-        ValueError: bad trim or duration, at construction; ``index`` out of range when done.
-        UnknownIdError: unknown variant, when done.
-    """
-
-    label = "Add shot"
-
-    def __init__(
-        self,
-        variant_id: str,
-        *,
-        index: int | None = None,
-        in_frame: int = 0,
-        out_frame: int | None = None,
-        duration_s: float | None = None,
-        shot_id: str | None = None,
-    ) -> None:
-        self.shot = Shot(shot_id or new_id(), variant_id, in_frame, out_frame, duration_s)
-        self.shot_id = self.shot.id
-        if index is not None:
-            _check_nonneg_int(index, "index")
-        self.index = index
-
-    def do(self, doc: Document) -> None:
-        doc.variant(self.shot.variant_id)
-        if any(s.id == self.shot_id for s in doc._shots):
-            raise ValueError(f"shot_id: shot {self.shot_id} already exists")
-        index = len(doc._shots) if self.index is None else self.index
-        if index > len(doc._shots):
-            raise ValueError(f"index: expected 0..{len(doc._shots)}, got {index}")
-        doc._shots.insert(index, self.shot)
-        self.index = index
-        doc._emit(SHOTS_ADDED, (self.shot_id,))
-
-    def undo(self, doc: Document) -> None:
-        i = doc.shot_index(self.shot_id)
-        self.shot = doc._shots.pop(i)
-        doc._emit(SHOTS_REMOVED, (self.shot_id,))
-
-
-class RemoveShot(Command):
-    """Removes a shot from the timeline; undo puts it back at its place."""
-
-    label = "Remove shot"
-
-    def __init__(self, shot_id: str) -> None:
-        _check_id(shot_id, "shot_id")
-        self.shot_id = shot_id
-        self._removed: tuple[int, Shot] | None = None
-
-    def do(self, doc: Document) -> None:
-        i = doc.shot_index(self.shot_id)
-        self._removed = (i, doc._shots.pop(i))
-        doc._emit(SHOTS_REMOVED, (self.shot_id,))
-
-    def undo(self, doc: Document) -> None:
-        assert self._removed is not None
-        i, shot = self._removed
-        doc._shots.insert(min(i, len(doc._shots)), shot)
-        doc._emit(SHOTS_ADDED, (self.shot_id,))
-
-
-class MoveShot(Command):
-    """Moves a shot to ``index`` (its position after the move).
-
-    Raises:
-        ValueError: ``index`` out of range (when done).
-        UnknownIdError: unknown shot (when done).
-    """
-
-    label = "Move shot"
-
-    def __init__(self, shot_id: str, index: int) -> None:
-        _check_id(shot_id, "shot_id")
-        _check_nonneg_int(index, "index")
-        self.shot_id, self.index = shot_id, index
-        self._old = 0
-
-    def _move(self, doc: Document, to: int) -> None:
-        i = doc.shot_index(self.shot_id)
-        if to >= len(doc._shots):
-            raise ValueError(f"index: expected 0..{len(doc._shots) - 1}, got {to}")
-        doc._shots.insert(to, doc._shots.pop(i))
-        doc._emit(SHOTS_MOVED, (self.shot_id,))
-
-    def do(self, doc: Document) -> None:
-        old = doc.shot_index(self.shot_id)
-        self._move(doc, self.index)
-        self._old = old
-
-    def undo(self, doc: Document) -> None:
-        self._move(doc, self._old)
-
-
-class TrimShot(Command):
-    """Sets a shot's in/out frames; consecutive trims of the same shot merge (a drag).
-
-    Raises:
-        ValueError: bad frames (names ``in_frame``/``out_frame``), at construction.
-    """
-
-    label = "Trim shot"
-
-    def __init__(self, shot_id: str, in_frame: int, out_frame: int | None) -> None:
-        _check_id(shot_id, "shot_id")
-        _check_trim(in_frame, out_frame)
-        self.shot_id = shot_id
-        self.trim = (in_frame, out_frame)
-        self._old = (0, None)
-
-    @property
-    def merge_key(self) -> Hashable:  # type: ignore[override]
-        return ("trim", self.shot_id)
-
-    def do(self, doc: Document) -> None:
-        s = doc.shot(self.shot_id)
-        self._old = (s.in_frame, s.out_frame)
-        doc._update_shot(self.shot_id, in_frame=self.trim[0], out_frame=self.trim[1])
-
-    def undo(self, doc: Document) -> None:
-        doc._update_shot(self.shot_id, in_frame=self._old[0], out_frame=self._old[1])
-
-    def merge(self, other: Command) -> bool:
-        assert isinstance(other, TrimShot)
-        self.trim = other.trim
-        return True
-
-
-class SetShotDuration(_SetField):
-    """Sets an image shot's length in seconds (None: the default); merges like a drag."""
-
-    label = "Set shot duration"
-    _field = "duration_s"
-    _shot = True
-
-    def __init__(self, shot_id: str, duration_s: float | None) -> None:
-        _check_id(shot_id, "shot_id")
-        _check_duration(duration_s)
-        super().__init__(shot_id, duration_s)
-
-    @property
-    def merge_key(self) -> Hashable:  # type: ignore[override]
-        return ("duration", self.target_id)
+# Re-exports: the commands live in studio.core.commands, which imports this module, so they are
+# looked up on first use instead of imported here (either module may be imported first).
+
+_COMMANDS = frozenset(
+    {
+        "AddShot",
+        "AddVariant",
+        "DeleteVariant",
+        "MoveShot",
+        "RemoveShot",
+        "RenameVariant",
+        "SetShotDuration",
+        "StarVariant",
+        "TrimShot",
+    }
+)
+__all__ = [
+    "ARTIFACT_KINDS",
+    "DEFAULT_IMAGE_DURATION_S",
+    "HISTORY_CHANGED",
+    "PENDING",
+    "QUEUE_CHANGED",
+    "RETRYABLE",
+    "SHOTS_ADDED",
+    "SHOTS_CHANGED",
+    "SHOTS_MOVED",
+    "SHOTS_REMOVED",
+    "VARIANTS_ADDED",
+    "VARIANTS_CHANGED",
+    "VARIANTS_REMOVED",
+    "Artifact",
+    "ChangeEvent",
+    "Command",
+    "Document",
+    "Listener",
+    "Shot",
+    "Status",
+    "UndoStack",
+    "UnknownIdError",
+    "Variant",
+    "diff_requests",
+    "json_strings",
+    "new_id",
+    *sorted(_COMMANDS),
+]
+
+
+def __getattr__(name: str) -> Any:
+    """The command classes of :mod:`studio.core.commands`, re-exported lazily."""
+    if name in _COMMANDS:
+        from studio.core import commands
+
+        return getattr(commands, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _COMMANDS)

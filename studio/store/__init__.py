@@ -3,7 +3,7 @@
 No Qt, no torch. See :mod:`studio.store.project` and :mod:`studio.store.media`.
 """
 
-from studio.store.media import MediaStore, media_id_of
+from studio.store.media import MediaStore, StagedMedia, media_id_of
 from studio.store.project import (
     MIGRATIONS,
     Migration,
@@ -15,6 +15,7 @@ from studio.store.project import (
 __all__ = [
     "MIGRATIONS",
     "MediaStore",
+    "StagedMedia",
     "Migration",
     "Project",
     "ProjectError",

@@ -20,7 +20,8 @@ it back to the stored file.
 Write protocol (crash-safe): the bytes go to a temporary file in ``media/incoming/`` (the id,
 hence the final folder, is known only once the bytes are hashed; both folders are on one file
 system, so the rename is atomic) while being hashed; flush, ``os.fsync``, ``os.replace`` to the final name, ``fsync`` of the folder;
-only then is the row committed. A crash leaves at most an unreferenced file or temp file,
+only then is the row committed. ``stage_*`` + :meth:`MediaStore.commit` split the two halves so
+the file part can run on a worker thread. A crash leaves at most an unreferenced file or temp file,
 which :meth:`MediaStore.collect_garbage` removes; never a row without its file.
 """
 
@@ -36,6 +37,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -113,6 +115,26 @@ def _check_pixels(array: Any, name: str, video: bool) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
+@dataclass(frozen=True)
+class StagedMedia:
+    """A media file written to its final place but not recorded yet (see
+    :meth:`MediaStore.stage_image`).
+
+    Attributes:
+        media_id: content id of the file's bytes.
+        kind: ``image`` or ``video``.
+        ext: file extension (``png`` or ``npy``).
+        pixels_id: :func:`studio.core.media.pixels_content_id` of the pixels.
+        meta: what the row's ``meta_json`` will hold (shape, dtype, bytes and any extras).
+    """
+
+    media_id: str
+    kind: str
+    ext: str
+    pixels_id: str
+    meta: dict[str, Any]
+
+
 class MediaStore:
     """The ``media/`` folder of a project and its ``media`` table.
 
@@ -139,11 +161,7 @@ class MediaStore:
             ValueError: not uint8 or a bad shape (names ``pixels``).
             OSError: the file could not be written (nothing is recorded then).
         """
-        arr = _check_pixels(pixels, "pixels", video=False)
-        plane = arr[..., 0] if arr.ndim == 3 and arr.shape[2] == 1 else arr
-        mode = "L" if plane.ndim == 2 else _PIL_MODES[plane.shape[2]]
-        image = Image.fromarray(plane, mode=mode)
-        return self._put("image", lambda f: image.save(f, format="PNG", optimize=False), arr)
+        return self.commit(self.stage_image(pixels))
 
     def put_video(self, frames: np.ndarray) -> str:
         """Stores uint8 frames (F, H, W[, C]) as one ``.npy`` file; returns the media id.
@@ -152,10 +170,68 @@ class MediaStore:
             ValueError: not uint8 or a bad shape (names ``frames``).
             OSError: the file could not be written (nothing is recorded then).
         """
-        arr = _check_pixels(frames, "frames", video=True)
-        return self._put("video", lambda f: np.save(f, arr, allow_pickle=False), arr)
+        return self.commit(self.stage_video(frames))
 
-    def _put(self, kind: str, write: Callable[[Any], None], pixels: np.ndarray) -> str:
+    def stage_image(
+        self, pixels: np.ndarray, extra_meta: dict[str, Any] | None = None
+    ) -> StagedMedia:
+        """Writes the PNG file of :meth:`put_image` without recording it (no database access).
+
+        Safe to call from any thread: the slow part of storing (encoding, hashing, fsync) can
+        run off the UI thread, and :meth:`commit` then records the row on the thread that owns
+        the connection. A staged file that is never committed is an orphan that
+        :meth:`collect_garbage` removes after its grace period.
+
+        Args:
+            extra_meta: JSON-able values kept in the row's meta (e.g. fps, environment).
+        """
+        arr = _check_pixels(pixels, "pixels", video=False)
+        plane = arr[..., 0] if arr.ndim == 3 and arr.shape[2] == 1 else arr
+        mode = "L" if plane.ndim == 2 else _PIL_MODES[plane.shape[2]]
+        image = Image.fromarray(plane, mode=mode)
+        write = lambda f: image.save(f, format="PNG", optimize=False)  # noqa: E731
+        return self._stage("image", write, arr, extra_meta)
+
+    def stage_video(
+        self, frames: np.ndarray, extra_meta: dict[str, Any] | None = None
+    ) -> StagedMedia:
+        """Writes the ``.npy`` file of :meth:`put_video` without recording it; see
+        :meth:`stage_image`."""
+        arr = _check_pixels(frames, "frames", video=True)
+        write = lambda f: np.save(f, arr, allow_pickle=False)  # noqa: E731
+        return self._stage("video", write, arr, extra_meta)
+
+    def commit(self, staged: StagedMedia) -> str:
+        """Records a staged file (one row; an existing id is kept as is); returns its id.
+
+        Raises:
+            OSError: the staged file is gone (e.g. collected as an orphan meanwhile).
+        """
+        path = self._path(staged.media_id, staged.ext)
+        if not path.exists():
+            raise OSError(f"media: the staged file {path} is missing")
+        with self._transaction():
+            self._conn.execute(
+                "INSERT INTO media (id, kind, ext, pixels_id, meta_json, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING",
+                (
+                    staged.media_id,
+                    staged.kind,
+                    staged.ext,
+                    staged.pixels_id,
+                    json.dumps(staged.meta),
+                    time.time(),
+                ),
+            )
+        return staged.media_id
+
+    def _stage(
+        self,
+        kind: str,
+        write: Callable[[Any], None],
+        pixels: np.ndarray,
+        extra_meta: dict[str, Any] | None,
+    ) -> StagedMedia:
         ext = _EXT[kind]
         tmp_dir = self.root / "incoming"
         tmp_dir.mkdir(exist_ok=True)
@@ -180,14 +256,9 @@ class MediaStore:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        meta = {"shape": list(pixels.shape), "dtype": "uint8", "bytes": writer.tell()}
-        with self._transaction():
-            self._conn.execute(
-                "INSERT INTO media (id, kind, ext, pixels_id, meta_json, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING",
-                (media_id, kind, ext, pixels_content_id(pixels), json.dumps(meta), time.time()),
-            )
-        return media_id
+        meta = {**(extra_meta or {}), "shape": list(pixels.shape), "dtype": "uint8"}
+        meta["bytes"] = writer.tell()
+        return StagedMedia(media_id, kind, ext, pixels_content_id(pixels), meta)
 
     # -- reading ----------------------------------------------------------------------------
     def _row(self, media_id: str) -> sqlite3.Row | tuple:

@@ -23,7 +23,7 @@ def family_of(pipeline_class: str) -> str:
     return PIPELINE_FAMILIES.get(pipeline_class, "unknown")
 
 
-def _wan_caps(folder: Path, index: dict, name: str) -> ModelCapabilities:
+def _wan_caps(folder: Path, index: dict, name: str, extra: dict) -> ModelCapabilities:
     vae = read_json(folder / "vae" / "config.json", name)
     tr = read_json(folder / "transformer" / "config.json", name)
     spatial = int(vae.get("scale_factor_spatial") or 8)
@@ -37,6 +37,8 @@ def _wan_caps(folder: Path, index: dict, name: str) -> ModelCapabilities:
     if in_ch == z_dim:
         # Latents-only input: text-to-video, images as one-frame videos, and SDEdit.
         modes |= {"t2v", "t2i", "i2i"}
+        if extra.get("reference_frames") == "append":
+            modes.add("r2v")  # trained with a clean reference frame after the clip
         if cls == "WanImageToVideoPipeline" and expand:
             modes.add("i2v")  # Wan 2.2 TI2V: clean first-frame latents, zero timestep
     elif cls == "WanImageToVideoPipeline":
@@ -52,10 +54,11 @@ def _wan_caps(folder: Path, index: dict, name: str) -> ModelCapabilities:
         max_pixels=1280 * 720 if big else 512 * 512, max_frames=161 if big else 81,
         default_width=832 if big else 64, default_height=480 if big else 64,
         default_frames=81 if big else 9, default_fps=16.0, default_steps=50 if big else 20,
-        default_guidance=5.0, guidance_range=(1.0, 20.0))
+        default_guidance=5.0, guidance_range=(1.0, 20.0), supports_mask="i2i" in modes,
+        max_references=1 if "r2v" in modes else 0)
 
 
-def _flux_caps(folder: Path, index: dict, name: str) -> ModelCapabilities:
+def _flux_caps(folder: Path, index: dict, name: str, extra: dict) -> ModelCapabilities:
     vae = read_json(folder / "vae" / "config.json", name)
     tr = read_json(folder / "transformer" / "config.json", name)
     spatial = 2 ** (len(vae.get("block_out_channels", [0, 0, 0, 0])) - 1)
@@ -70,16 +73,18 @@ def _flux_caps(folder: Path, index: dict, name: str) -> ModelCapabilities:
         guidance_range=(0.0, 30.0))
 
 
-def capabilities_for(family: str, folder: Path, index: dict, *, name: str) -> ModelCapabilities:
-    """Reads a folder's configs into :class:`ModelCapabilities`.
+def capabilities_for(family: str, folder: Path, index: dict, *, name: str,
+                     extra: dict | None = None) -> ModelCapabilities:
+    """Reads a folder's configs (and its optional ``studio.json``, ``extra``) into
+    :class:`ModelCapabilities`.
 
     Raises:
         ModelError: the family is not supported, or its configs do not fit it.
     """
     if family == "wan":
-        return _wan_caps(folder, index, name)
+        return _wan_caps(folder, index, name, extra or {})
     if family == "flux":
-        return _flux_caps(folder, index, name)
+        return _flux_caps(folder, index, name, extra or {})
     cls = index.get("_class_name", "?")
     raise ModelError(f"{name}: pipeline {cls} is not supported yet (supported families: "
                      f"{', '.join(SUPPORTED_FAMILIES)})")

@@ -62,6 +62,7 @@ class ModelEntry:
     error: str = ""
     pipeline_class: str = ""
     index: dict = field(default_factory=dict, compare=False, repr=False)
+    call_kwargs: dict = field(default_factory=dict, compare=False)
 
     @property
     def usable(self) -> bool:
@@ -183,18 +184,19 @@ class ModelRegistry:
         entry = ModelEntry(mid, folder, family=family, source=source,
                            size_bytes=folder_size(folder), dtype=_stored_dtype(files),
                            pipeline_class=cls, index=index)
+        studio_json = folder / "studio.json"
+        extra = read_json(studio_json, mid) if studio_json.exists() else {}
         try:
-            caps = capabilities_for(family, folder, index, name=mid)
-        except ModelError as exc:
-            return replace(entry, error=str(exc))
-        overrides = folder / "studio.json"
-        if overrides.exists():
-            data = read_json(overrides, mid).get("capabilities", {})
+            caps = capabilities_for(family, folder, index, name=mid, extra=extra)
+            data = dict(extra.get("capabilities", {}))
+            modes = data.pop("modes", None)
             caps = replace(caps, **{k: (tuple(v) if isinstance(v, list) else v)
-                                    for k, v in data.items() if k != "modes"})
-            if "modes" in data:
-                caps = replace(caps, modes=frozenset(data["modes"]) & caps.modes)
-        return replace(entry, capabilities=caps)
+                                    for k, v in data.items()})
+        except (ModelError, TypeError, ValueError) as exc:
+            return replace(entry, error=f"{studio_json if extra else folder}: {exc}")
+        if modes is not None:
+            caps = replace(caps, modes=frozenset(modes) & caps.modes)
+        return replace(entry, capabilities=caps, call_kwargs=dict(extra.get("call_kwargs", {})))
 
     # -- resolving --------------------------------------------------------------------------
     def resolve(self, model_id: str) -> ModelEntry:

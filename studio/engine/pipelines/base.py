@@ -121,16 +121,25 @@ class StageClock:
 
 
 def make_callback(on_step: StepFn, clock: StageClock,
-                  latents_view: Callable[[torch.Tensor], torch.Tensor] | None = None):
-    """A diffusers ``callback_on_step_end`` that reports each step to ``on_step``."""
+                  latents_view: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                  after: Callable | None = None):
+    """A diffusers ``callback_on_step_end`` that reports each step to ``on_step``.
+
+    Args:
+        latents_view: maps the pipeline's latents to (B, C, [F,] h, w) for the preview.
+        after: ``after(pipe, latents) -> latents`` replaces the latents after each step
+            (e.g. masked blending).
+    """
 
     def callback(pipe, i: int, _t, kwargs: dict) -> dict:
         clock.step_done()
         latents = kwargs.get("latents")
-        if latents is not None and latents_view is not None:
-            latents = latents_view(latents)
-        on_step(i + 1, int(getattr(pipe, "_num_timesteps", 0) or 0), latents)
-        return {}
+        out = {}
+        if after is not None and latents is not None:
+            latents = out["latents"] = after(pipe, latents)
+        view = latents_view(latents) if latents is not None and latents_view else latents
+        on_step(i + 1, int(getattr(pipe, "_num_timesteps", 0) or 0), view)
+        return out
 
     return callback
 

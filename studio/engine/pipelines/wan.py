@@ -6,7 +6,14 @@ Modes, all through diffusers' own pipelines sharing one set of weights (``from_p
 * ``i2v``: ``WanImageToVideoPipeline`` (Wan 2.1 I2V, or Wan 2.2 TI2V-style models whose first
   frame is given as clean latents with a zero timestep: ``expand_timesteps``);
 * ``i2i``: ``WanVideoToVideoPipeline`` on a one-frame video (SDEdit: noise to ``strength``,
-  then denoise).
+  then denoise). With a mask (white = repaint), each step's latents outside the mask are
+  replaced by the init image's latents noised to the current sigma (the latent blending of
+  "Blended Latent Diffusion", Avrahami et al. 2023), and the final pixels outside the mask are
+  the init image's.
+* ``r2v`` (models that declare ``"reference_frames": "append"`` in ``studio.json``, such as the
+  embedded model): ``WanPipeline`` with the reference image's clean latents appended as one
+  extra frame after the video, at timestep 0, by a forward hook on the denoiser; the extra
+  frame is dropped from the denoiser's output, so the scheduler never sees it.
 """
 
 from __future__ import annotations
@@ -66,18 +73,36 @@ class WanRunner(FamilyRunner):
                                  device=self.device, dtype=vae.dtype)
 
     @torch.no_grad()
+    def encode_image(self, pixels: np.ndarray) -> torch.Tensor:
+        """uint8 (H, W, 3) -> normalised latents (1, C, 1, h, w), as Wan's pipelines normalise
+        them (posterior mode; ``(z - latents_mean) / latents_std``)."""
+        vae = self.base.vae
+        x = torch.from_numpy(np.ascontiguousarray(pixels)).to(self.device, vae.dtype)
+        x = x.permute(2, 0, 1)[None, :, None] / 127.5 - 1.0
+        z = vae.encode(x).latent_dist.mode()
+        mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1).to(z)
+        std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1).to(z)
+        return (z - mean) / std
+
+    @torch.no_grad()
     def run(self, request: GenerationRequest, inputs: dict[str, np.ndarray],
             on_step: StepFn) -> RunOutput:
         mode = request.mode
-        key = "t2v" if mode in ("t2i", "t2v") else mode
+        key = "t2v" if mode in ("t2i", "t2v", "r2v") else mode
         pipe = self.pipes[key]
         clock = StageClock([pipe.transformer, getattr(pipe, "transformer_2", None)])
-        kwargs = dict(
+        mask = blend = None
+        if mode == "i2i" and request.mask is not None:
+            mask = fit_image(inputs[request.mask.content_id], request.width, request.height)
+            blend = LatentBlend(self, fit_image(inputs[request.init_image.content_id],
+                                                request.width, request.height), mask,
+                                request.seed)
+        kwargs = dict(**self.entry.call_kwargs,
             prompt=request.prompt, negative_prompt=request.negative_prompt,
             height=request.height, width=request.width,
             num_inference_steps=request.steps, guidance_scale=request.guidance_scale,
             generator=self.generator(request.seed), output_type="np",
-            callback_on_step_end=make_callback(on_step, clock),
+            callback_on_step_end=make_callback(on_step, clock, after=blend),
             callback_on_step_end_tensor_inputs=["latents"])
         if mode == "i2i":
             image = fit_image(inputs[request.init_image.content_id], request.width,
@@ -89,5 +114,73 @@ class WanRunner(FamilyRunner):
             image = fit_image(inputs[request.first_frame.content_id], request.width,
                               request.height)
             kwargs["image"] = to_pil(image)
-        frames = pipe(**kwargs).frames[0]
-        return RunOutput(np.asarray(frames, dtype=np.float32), clock.finish())
+        hooks = []
+        if mode == "r2v":
+            ref = fit_image(inputs[request.references[0].content_id], request.width,
+                            request.height)
+            hooks = append_reference_frame(pipe.transformer, self.encode_image(ref))
+        try:
+            frames = np.asarray(pipe(**kwargs).frames[0], dtype=np.float32)
+        finally:
+            for h in hooks:
+                h.remove()
+        if mask is not None:
+            keep = (mask < 128)[None, :, :, None]
+            init = fit_image(inputs[request.init_image.content_id], request.width,
+                             request.height).astype(np.float32) / 255.0
+            frames = np.where(keep, init[None], frames)
+        return RunOutput(frames, clock.finish())
+
+
+class LatentBlend:
+    """Step callback part of masked image-to-image: outside the mask, the latents are the init
+    image's latents noised to the sigma the scheduler is at (``(1 - s) x0 + s e``, a fixed
+    noise ``e`` drawn from the job's seed)."""
+
+    def __init__(self, runner: WanRunner, image: np.ndarray, mask: np.ndarray, seed: int):
+        self.x0 = runner.encode_image(image)
+        h, w = self.x0.shape[-2:]
+        m = torch.from_numpy((mask >= 128).astype(np.float32))[None, None]
+        # a latent cell is repainted if any of its pixels is: max-pool to latent resolution
+        m = torch.nn.functional.adaptive_max_pool2d(m, (h, w))
+        self.repaint = m[:, :, None].to(self.x0)
+        gen = torch.Generator().manual_seed(int(seed) + 1)
+        self.noise = torch.randn(self.x0.shape, generator=gen).to(self.x0)
+
+    def __call__(self, pipe, latents: torch.Tensor) -> torch.Tensor:
+        sched = pipe.scheduler
+        sigma = sched.sigmas[min(sched.step_index, len(sched.sigmas) - 1)].to(latents)
+        known = (1 - sigma) * self.x0 + sigma * self.noise
+        return self.repaint * latents + (1 - self.repaint) * known.to(latents.dtype)
+
+
+def append_reference_frame(transformer: torch.nn.Module, reference: torch.Tensor) -> list:
+    """Hooks that make ``transformer`` see ``reference`` (clean latents (1, C, 1, h, w)) as an
+    extra last frame at timestep 0, and drop that frame from its output.
+
+    Returns:
+        The hook handles (remove them after the run).
+    """
+    patch_t, patch_h, patch_w = transformer.config.patch_size
+
+    def before(_module, args, kwargs):
+        x = kwargs["hidden_states"]
+        b, _, f, h, w = x.shape
+        ref = reference.to(x).expand(b, -1, -1, -1, -1)
+        kwargs["hidden_states"] = torch.cat([x, ref], dim=2)
+        t = kwargs["timestep"]
+        per_frame = (h // patch_h) * (w // patch_w)
+        if t.ndim == 1:
+            t = t[:, None].expand(b, (f // patch_t) * per_frame)
+        kwargs["timestep"] = torch.cat([t, t.new_zeros(b, per_frame)], dim=1)
+        return args, kwargs
+
+    def after(_module, _args, kwargs, output):
+        f = kwargs["hidden_states"].shape[2] - 1
+        if isinstance(output, tuple):
+            return (output[0][:, :, :f], *output[1:])
+        output.sample = output.sample[:, :, :f]
+        return output
+
+    return [transformer.register_forward_pre_hook(before, with_kwargs=True),
+            transformer.register_forward_hook(after, with_kwargs=True)]

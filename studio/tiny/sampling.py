@@ -1,0 +1,82 @@
+"""Sampling the embedded model during training, scoring its adherence, and exporting it.
+
+Sampling always goes through diffusers' own Wan pipelines, so what training measures is what
+the engine runs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from studio.tiny import evaluate, world
+
+
+def t2x_pipeline(pipe):
+    """A WanPipeline over the same modules as ``pipe`` (text-to-image and -video)."""
+    from diffusers import WanPipeline
+
+    from studio.engine.pipelines.base import derive_pipeline
+
+    return derive_pipeline(WanPipeline, pipe)
+
+
+@torch.no_grad()
+def generate(pipe, captions: list[str], *, frames: int = 1, steps: int = 20,
+             guidance: float = 4.0, seed: int = 0, size: int = 64) -> np.ndarray:
+    """uint8 (B, H, W, 3) for ``frames == 1``, else (B, F, H, W, 3)."""
+    t2x = t2x_pipeline(pipe)
+    from studio.tiny.train import TEXT_LEN
+
+    gens = [torch.Generator().manual_seed(seed + i) for i in range(len(captions))]
+    out = t2x(prompt=captions, negative_prompt=[""] * len(captions), height=size, width=size,
+              num_frames=frames, num_inference_steps=steps, guidance_scale=guidance,
+              generator=gens, output_type="np", max_sequence_length=TEXT_LEN).frames
+    out = (np.clip(np.asarray(out), 0, 1) * 255).round().astype(np.uint8)
+    return out[:, 0] if frames == 1 else out
+
+
+def adherence_report(pipe, *, n: int = 32, steps: int = 20, seed: int = 0,
+                     modes: tuple[str, ...] = ("t2i",)) -> dict[str, float]:
+    """Per-attribute accuracy on ``n`` held-out prompts per mode, flattened for a log line."""
+    out: dict[str, float] = {}
+    for mode in modes:
+        frames = 9 if mode == "t2v" else 1
+        report = evaluate.score_mode(
+            lambda caps, fr=frames: generate(pipe, caps, frames=fr, steps=steps, seed=seed),
+            mode, n=n, seed=seed, batch_size=16)
+        out.update({f"{mode}_{k}": round(v, 3) for k, v in report.accuracy.items()})
+    return out
+
+
+def export_pipeline(task, dest: Path) -> Path:
+    """Saves the EMA weights as a diffusers folder (fp16 safetensors) plus ``studio.json``."""
+    pipe = task.pipeline(ema=True)
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for module in (pipe.text_encoder, pipe.transformer, pipe.vae):
+        module.to(torch.float16)
+    pipe.save_pretrained(tmp, safe_serialization=True)
+    from studio.tiny.train import CLIP_FRAMES, SIZE, TEXT_LEN
+
+    (tmp / "studio.json").write_text(json.dumps({
+        "description": "The embedded model: a tiny Wan-architecture model trained on the "
+                       "synthetic world of studio/tiny/world.py (python -m studio.tiny.train).",
+        "capabilities": {"default_width": SIZE, "default_height": SIZE,
+                         "default_frames": CLIP_FRAMES, "default_fps": 8.0,
+                         "default_steps": 20, "default_guidance": 4.0, "max_size": 128,
+                         "max_pixels": 128 * 128, "max_frames": 17, "max_references": 1},
+        "call_kwargs": {"max_sequence_length": TEXT_LEN},
+        "reference_frames": "append",
+    }, indent=2) + "\n")
+    if dest.exists():
+        shutil.rmtree(dest)
+    tmp.rename(dest)
+    return dest
+
+
+__all__ = ["adherence_report", "export_pipeline", "generate", "world"]

@@ -1,0 +1,391 @@
+"""Training the embedded model on the synthetic world: autoencoder first, then the denoiser.
+
+    python -m studio.tiny.train vae --out runs/tiny --minutes 60      # resumable
+    python -m studio.tiny.train dit --out runs/tiny --minutes 120     # needs the VAE
+    python -m studio.tiny.train export --out runs/tiny                # -> assets/models/tiny-wan
+
+The pieces are separate: the model builders (:func:`build_vae`, :func:`build_denoiser`), the
+data (:mod:`studio.tiny.world`), the objectives (:class:`VaeTask`, :class:`DenoiserTask`) and
+the generic loop (:mod:`studio.train.loop`). Uses a GPU when there is one.
+
+Autoencoder: diffusers' ``AutoencoderKLWan`` (Wan's causal 3D VAE), shrunk: 4x spatial and
+4x temporal compression, 8 latent channels, trained with L1 + L2 reconstruction and a small
+KL term on world images and clips.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from studio.tiny import world
+from studio.train.loop import TrainConfig, TrainTask, load_checkpoint, train
+
+LATENT_CHANNELS = 8
+SPATIAL = 4
+TEMPORAL = 4
+CLIP_FRAMES = 9
+SIZE = 64
+
+
+def device_default() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def build_vae():
+    """The embedded model's autoencoder: AutoencoderKLWan, 64x64x9 RGB <-> 16x16x3 x 8."""
+    from diffusers import AutoencoderKLWan
+
+    return AutoencoderKLWan(base_dim=16, z_dim=LATENT_CHANNELS, dim_mult=[1, 2, 4],
+                            num_res_blocks=1, temperal_downsample=[True, True],
+                            latents_mean=[0.0] * LATENT_CHANNELS,
+                            latents_std=[1.0] * LATENT_CHANNELS,
+                            scale_factor_spatial=SPATIAL, scale_factor_temporal=TEMPORAL)
+
+
+def to_tensor(pixels: np.ndarray, device: torch.device) -> torch.Tensor:
+    """uint8 (B, H, W, 3) or (B, F, H, W, 3) -> float (B, 3, F, H, W) in [-1, 1]."""
+    x = torch.from_numpy(pixels).to(device)
+    if x.ndim == 4:
+        x = x[:, None]
+    return x.permute(0, 4, 1, 2, 3).float() / 127.5 - 1.0
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    """PSNR in dB of two tensors in [-1, 1]."""
+    mse = ((a.clamp(-1, 1) - b.clamp(-1, 1)) / 2).pow(2).mean().item()
+    return 10 * np.log10(1.0 / max(mse, 1e-12))
+
+
+class VaeTask(TrainTask):
+    """Reconstruction of world images (3 steps in 4) and clips (1 in 4)."""
+
+    def __init__(self, device: torch.device, image_batch: int = 32, clip_batch: int = 4,
+                 kl_weight: float = 1e-6):
+        self.device = device
+        self.vae = build_vae().to(device)
+        self.image_batch, self.clip_batch, self.kl_weight = image_batch, clip_batch, kl_weight
+        rng = np.random.default_rng(12345)
+        self.fixed_images = next(world.batches(rng, 16))[1]
+        self.fixed_clips = next(world.batches(rng, 4, video=True))[1]
+
+    def modules(self):
+        return {"vae": self.vae}
+
+    def batch(self, rng):
+        video = rng.random() < 0.25
+        n = self.clip_batch if video else self.image_batch
+        return to_tensor(next(world.batches(rng, n, video=video))[1], self.device)
+
+    def loss(self, x, gen):
+        post = self.vae.encode(x).latent_dist
+        eps = torch.randn(post.mean.shape, generator=gen).to(self.device)
+        z = post.mean + post.std * eps
+        rec = self.vae.decode(z).sample
+        l1 = (rec - x).abs().mean()
+        l2 = (rec - x).pow(2).mean()
+        kl = post.kl().mean() / x[0].numel()
+        return l1 + l2 + self.kl_weight * kl, {"l1": l1.item(), "psnr": psnr(rec.detach(), x)}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.vae.eval()
+        out = {}
+        for name, pixels in (("image", self.fixed_images), ("clip", self.fixed_clips)):
+            x = to_tensor(pixels, self.device)
+            rec = self.vae.decode(self.vae.encode(x).latent_dist.mode()).sample
+            out[f"psnr_{name}"] = round(float(psnr(rec, x)), 2)
+        self.vae.train()
+        return out
+
+    def on_checkpoint(self, out_dir, step):
+        line = {"step": step, **self.evaluate()}
+        with open(out_dir / "eval_log.jsonl", "a") as fh:
+            fh.write(json.dumps(line) + "\n")
+        print(f"[vae] step {step}: {line}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------
+# Denoiser
+# ------------------------------------------------------------------------------------------
+TEXT_LEN = 32
+EXTRA_WORDS = (",", ":", ".", "object", "shape", "reference", "the", "it")
+_COLOUR_RE = None
+
+
+def vocabulary() -> tuple[str, ...]:
+    """The word-level vocabulary: every caption word of the world plus a few extras."""
+    return tuple(sorted(set(world.VOCABULARY) | set(EXTRA_WORDS)))
+
+
+def build_text_stack():
+    """(tokenizer, text encoder): a word-level tokenizer and a 2-layer UMT5 encoder (d=64)."""
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from studio.testing.tiny_pipelines import make_word_tokenizer
+
+    tokenizer = make_word_tokenizer(TEXT_LEN, vocabulary())
+    cfg = UMT5Config(vocab_size=len(tokenizer), d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                     num_heads=4, relative_attention_num_buckets=16, dropout_rate=0.0)
+    return tokenizer, UMT5EncoderModel(cfg)
+
+
+def build_denoiser():
+    """The embedded denoiser: WanTransformer3DModel, 6 layers, 3 heads of dim 64."""
+    from diffusers import WanTransformer3DModel
+
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=3, attention_head_dim=64,
+        in_channels=LATENT_CHANNELS, out_channels=LATENT_CHANNELS, text_dim=64, freq_dim=64,
+        ffn_dim=512, num_layers=6, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32)
+
+
+def anonymise(caption: str) -> str:
+    """A caption with colour and shape words removed: "a small red star ..." -> "a small object
+    ..." (what a reference-to-video prompt says when the reference gives the object)."""
+    import re
+
+    global _COLOUR_RE
+    if _COLOUR_RE is None:
+        colours = "|".join(sorted(set(world.COLOURS) | {"violet", "grey"}))
+        _COLOUR_RE = re.compile(rf"\b({colours})\s+(?=(circle|square|triangle|star)\b)")
+    text = _COLOUR_RE.sub("", caption)
+    return re.sub(r"\b(circle|square|triangle|star)\b(?!ry)", "object", text)
+
+
+def reference_image(spec, rng: np.random.Generator) -> np.ndarray:
+    """The first object of ``spec`` alone, at a random size and position, on a random other
+    background: uint8 (64, 64, 3)."""
+    obj = spec.objects[0]
+    backgrounds = [b for b in world.BACKGROUNDS
+                   if b != spec.background and world.is_allowed(obj.colour, b)]
+    ref = world.SceneSpec(background=str(rng.choice(backgrounds)), objects=(
+        world.ObjectSpec(obj.colour, obj.shape, str(rng.choice(world.SIZES)),
+                         str(rng.choice(world.POSITIONS)), "still"),))
+    return world.render_image(ref, SIZE, SIZE, rng)
+
+
+class DenoiserTask(TrainTask):
+    """Flow matching (rectified flow) of the Wan denoiser and the text encoder on VAE latents.
+
+    x_t = (1 - s) x_0 + s e with s ~ sigmoid(N(0, 1)) (logit-normal, as in SD3), target
+    e - x_0, timestep s * 1000: exactly what ``FlowMatchEulerDiscreteScheduler`` integrates.
+    Step kinds: images (one latent frame), clips (three latent frames; 40 % of them
+    image-to-video: the first latent frame clean with timestep 0, as Wan 2.2 TI2V's
+    ``expand_timesteps``), and reference-to-video clips (a clean reference latent frame
+    appended after the clip, timestep 0, the caption without colour and shape). 10 % of
+    captions are dropped for classifier-free guidance.
+    """
+
+    def __init__(self, device: torch.device, vae, *, image_batch: int = 48,
+                 clip_batch: int = 12, ema_decay: float = 0.999):
+        import copy
+
+        self.device = device
+        self.vae = vae.to(device).eval().requires_grad_(False)
+        self.tokenizer, self.text_encoder = build_text_stack()
+        self.text_encoder.to(device)
+        self.transformer = build_denoiser().to(device)
+        self.ema_text = copy.deepcopy(self.text_encoder).requires_grad_(False)
+        self.ema_transformer = copy.deepcopy(self.transformer).requires_grad_(False)
+        self.image_batch, self.clip_batch, self.ema_decay = image_batch, clip_batch, ema_decay
+        self.latents_mean, self.latents_std = self.latent_stats()
+
+    def modules(self):
+        return {"text_encoder": self.text_encoder, "transformer": self.transformer,
+                "ema_text_encoder": self.ema_text, "ema_transformer": self.ema_transformer}
+
+    @torch.no_grad()
+    def latent_stats(self, batches: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-channel mean and std of the VAE's latents over world images and clips."""
+        rng = np.random.default_rng(777)
+        zs = []
+        for i in range(batches):
+            pixels = next(world.batches(rng, 16, video=i % 2 == 1))[1]
+            zs.append(self.vae.encode(to_tensor(pixels, self.device)).latent_dist.mode()
+                      .transpose(0, 1).flatten(1))
+        z = torch.cat(zs, dim=1)
+        return z.mean(1), z.std(1)
+
+    @torch.no_grad()
+    def encode_pixels(self, pixels: np.ndarray) -> torch.Tensor:
+        """uint8 pixels -> normalised latents (B, C, f, h, w), as Wan's pipelines normalise."""
+        z = self.vae.encode(to_tensor(pixels, self.device)).latent_dist.mode()
+        view = (1, -1, 1, 1, 1)
+        return (z - self.latents_mean.view(view)) / self.latents_std.view(view)
+
+    def encode_text(self, captions: list[str], encoder=None) -> torch.Tensor:
+        """Text embeddings exactly as WanPipeline computes them (zero after the last token)."""
+        from types import SimpleNamespace
+
+        from diffusers import WanPipeline
+
+        host = SimpleNamespace(tokenizer=self.tokenizer,
+                               text_encoder=encoder or self.text_encoder)
+        return WanPipeline._get_t5_prompt_embeds(host, captions, 1, TEXT_LEN, self.device,
+                                                 torch.float32)
+
+    def batch(self, rng):
+        kind = rng.choice(["image", "clip", "reference"], p=[0.45, 0.37, 0.18])
+        video = kind != "image"
+        n = self.clip_batch if video else self.image_batch
+        specs = [world.sample_scene(rng, video=video) for _ in range(n)]
+        captions = [world.caption(s, rng) for s in specs]
+        if video:
+            pixels = np.stack([world.render_clip(s, CLIP_FRAMES, SIZE, SIZE, rng)
+                               for s in specs])
+        else:
+            pixels = np.stack([world.render_image(s, SIZE, SIZE, rng) for s in specs])
+        refs = None
+        if kind == "reference":
+            refs = np.stack([reference_image(s, rng) for s in specs])
+            captions = [anonymise(c) if rng.random() < 0.7 else c for c in captions]
+        first_frame = (rng.random(n) < 0.4) if kind == "clip" else np.zeros(n, bool)
+        drop = rng.random(n) < 0.1
+        captions = ["" if d else c for c, d in zip(captions, drop, strict=True)]
+        return captions, pixels, refs, first_frame
+
+    def loss(self, batch, gen):
+        captions, pixels, refs, first_frame = batch
+        x0 = self.encode_pixels(pixels)  # (B, C, f, h, w)
+        b, _, f, h, w = x0.shape
+        s = torch.sigmoid(torch.randn(b, generator=gen)).to(self.device)
+        noise = torch.randn(x0.shape, generator=gen).to(self.device)
+        sv = s.view(b, 1, 1, 1, 1)
+        xt = (1 - sv) * x0 + sv * noise
+        target = noise - x0
+        # per latent frame: timestep (B, f) and loss weight
+        t_frame = (s * 1000).view(b, 1).expand(b, f).clone()
+        weight = torch.ones(b, 1, f, 1, 1, device=self.device)
+        ff = torch.from_numpy(first_frame).to(self.device)
+        if ff.any():
+            xt[ff, :, 0] = x0[ff, :, 0]
+            t_frame[ff, 0] = 0
+            weight[ff, :, 0] = 0
+        if refs is not None:
+            ref = self.encode_pixels(refs)  # (B, C, 1, h, w)
+            xt = torch.cat([xt, ref], dim=2)
+            t_frame = torch.cat([t_frame, torch.zeros(b, 1, device=self.device)], dim=1)
+        tokens_per_frame = (h // 2) * (w // 2)
+        timestep = t_frame.repeat_interleave(tokens_per_frame, dim=1)
+        text = self.encode_text(captions)
+        pred = self.transformer(hidden_states=xt, timestep=timestep,
+                                encoder_hidden_states=text, return_dict=False)[0]
+        pred = pred[:, :, :f]
+        err = (pred - target).pow(2) * weight
+        loss = err.sum() / (weight.sum() * pred.shape[1] * h * w)
+        return loss, {}
+
+    @torch.no_grad()
+    def update_ema(self) -> None:
+        d = self.ema_decay
+        for ema, live in ((self.ema_text, self.text_encoder),
+                          (self.ema_transformer, self.transformer)):
+            for pe, pl in zip(ema.parameters(), live.parameters(), strict=True):
+                pe.lerp_(pl.detach(), 1 - d)
+
+    def pipeline(self, ema: bool = True):
+        """A WanImageToVideoPipeline (TI2V-style) over the current weights."""
+        from diffusers import FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline
+
+        vae = export_vae(self.vae, self.latents_mean, self.latents_std)
+        pipe = WanImageToVideoPipeline(
+            tokenizer=self.tokenizer, text_encoder=self.ema_text if ema else self.text_encoder,
+            vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=SCHEDULER_SHIFT),
+            transformer=self.ema_transformer if ema else self.transformer,
+            expand_timesteps=True)
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def on_checkpoint(self, out_dir, step):
+        from studio.tiny.sampling import adherence_report
+
+        report = adherence_report(self.pipeline(), n=32, steps=20, seed=step)
+        line = {"step": step, **report}
+        with open(out_dir / "eval_log.jsonl", "a") as fh:
+            fh.write(json.dumps(line) + "\n")
+        print(f"[dit] step {step}: {line}", file=sys.stderr, flush=True)
+        for m in (self.text_encoder, self.transformer):
+            m.train()
+
+
+SCHEDULER_SHIFT = 2.0
+
+
+def export_vae(vae, mean: torch.Tensor, std: torch.Tensor):
+    """A copy of ``vae`` whose config carries the latent statistics the pipelines use."""
+    from diffusers import AutoencoderKLWan
+
+    config = dict(vae.config)
+    config.update(latents_mean=[float(v) for v in mean], latents_std=[float(v) for v in std])
+    config = {k: v for k, v in config.items() if not k.startswith("_")}
+    out = AutoencoderKLWan(**config)
+    out.load_state_dict(vae.state_dict())
+    return out.to(next(vae.parameters()).device).eval()
+
+
+def load_trained_vae(run: Path, device: torch.device):
+    """The VAE weights of ``run/vae/checkpoint``."""
+    from safetensors.torch import load_model
+
+    vae = build_vae()
+    load_model(vae, str(run / "vae" / "checkpoint" / "vae.safetensors"))
+    return vae.to(device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m studio.tiny.train", description=__doc__)
+    parser.add_argument("stage", choices=["vae", "dit", "export"])
+    parser.add_argument("--out", default="runs/tiny", help="run folder (checkpoints, logs)")
+    parser.add_argument("--minutes", type=float, default=None, help="stop after this sitting")
+    parser.add_argument("--steps", type=int, default=None, help="stop at this total step")
+    parser.add_argument("--total-steps", type=int, default=None, help="schedule length")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    parser.add_argument("--checkpoint-every", type=float, default=300.0, help="seconds")
+    parser.add_argument("--dest", default="assets/models/tiny-wan", help="export folder")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    out = Path(args.out)
+    device = device_default()
+    if args.stage == "vae":
+        task = VaeTask(device)
+        config = TrainConfig(lr=1e-3, warmup_steps=100, total_steps=args.total_steps or 8000,
+                             seed=args.seed, checkpoint_every_s=args.checkpoint_every,
+                             log_every=10)
+        state = train(task, out / "vae", config, max_steps=args.steps,
+                      max_minutes=args.minutes,
+                      on_log=lambda line: print(f"[vae] {line}", file=sys.stderr, flush=True))
+        print(json.dumps({"step": state["step"], **task.evaluate()}))
+        return 0
+    vae = load_trained_vae(out, device)
+    task = DenoiserTask(device, vae)
+    if args.stage == "dit":
+        config = TrainConfig(lr=6e-4, warmup_steps=300, total_steps=args.total_steps or 30000,
+                             seed=args.seed, checkpoint_every_s=args.checkpoint_every,
+                             log_every=20, weight_decay=0.0)
+        state = train(task, out / "dit", config, max_steps=args.steps, max_minutes=args.minutes,
+                      after_step=task.update_ema,
+                      on_log=lambda line: print(f"[dit] {line}", file=sys.stderr, flush=True))
+        print(json.dumps({"step": state["step"]}))
+        return 0
+    load_checkpoint(out / "dit", task)
+    from studio.tiny.sampling import export_pipeline
+
+    print(export_pipeline(task, Path(args.dest)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["build_vae", "VaeTask", "load_checkpoint"]

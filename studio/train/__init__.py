@@ -1,0 +1,1 @@
+"""Training: a general loop (studio.train.loop) used by the embedded model and fine-tuning."""

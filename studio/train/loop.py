@@ -1,0 +1,187 @@
+"""A small, general training loop: seeded, resumable, checkpointing often.
+
+The loop knows nothing of the model, the data or the objective: a :class:`TrainTask` gives
+the trainable modules, draws a batch for a step and computes the loss. That keeps the same
+loop usable for the embedded model's autoencoder and denoiser and, later, for fine-tuning.
+
+Checkpoints (``<out>/checkpoint/``) hold each module's weights as safetensors, the optimizer
+state (``torch.save``, read back with ``weights_only=True``) and ``state.json`` (step, elapsed
+seconds, seed). A checkpoint is written to a temporary folder and renamed into place, so a run
+killed at any moment resumes from the last complete one. Data for step ``n`` is drawn from a
+generator seeded by ``(seed, n)``, so a resumed run sees the same batches as an uninterrupted
+one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_model, save_model
+
+log = logging.getLogger("studio.train")
+
+
+class TrainTask:
+    """What to train. Subclasses implement the three methods below."""
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        """The trainable modules by name (saved as ``<name>.safetensors``)."""
+        raise NotImplementedError
+
+    def batch(self, rng: np.random.Generator) -> Any:
+        """The batch of one step, drawn only from ``rng``."""
+        raise NotImplementedError
+
+    def loss(self, batch: Any, gen: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+        """The scalar loss to minimise and metrics to log; noise only from ``gen``."""
+        raise NotImplementedError
+
+    def on_checkpoint(self, out_dir: Path, step: int) -> None:
+        """Called after each checkpoint (e.g. to write a sample grid)."""
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings.
+
+    Attributes:
+        lr: peak AdamW learning rate; warmup_steps: linear warm-up; min_lr_ratio: cosine
+        floor as a fraction of ``lr`` reached at ``total_steps``; weight_decay; grad_clip
+        (max global norm); seed; checkpoint_every_s: seconds between checkpoints;
+        log_every: steps between log lines.
+    """
+
+    lr: float = 1e-3
+    warmup_steps: int = 200
+    total_steps: int = 100_000
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 0
+    checkpoint_every_s: float = 300.0
+    log_every: int = 20
+
+    def lr_at(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        frac = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        floor = self.min_lr_ratio
+        return self.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def _save_checkpoint(out_dir: Path, task: TrainTask, opt: torch.optim.Optimizer,
+                     state: dict[str, Any]) -> None:
+    final = out_dir / "checkpoint"
+    tmp = out_dir / "checkpoint.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name, module in task.modules().items():
+        save_model(module, str(tmp / f"{name}.safetensors"))  # handles tied weights
+    torch.save(opt.state_dict(), tmp / "optimizer.pt")
+    (tmp / "state.json").write_text(json.dumps(state, indent=1))
+    for f in tmp.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    old = out_dir / "checkpoint.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(out_dir: Path, task: TrainTask,
+                    opt: torch.optim.Optimizer | None = None) -> dict[str, Any] | None:
+    """Loads the last complete checkpoint into ``task`` (and ``opt``); None if there is none."""
+    ckpt = out_dir / "checkpoint"
+    if not (ckpt / "state.json").exists():
+        old = out_dir / "checkpoint.old"
+        if (old / "state.json").exists():
+            ckpt = old
+        else:
+            return None
+    for name, module in task.modules().items():
+        load_model(module, str(ckpt / f"{name}.safetensors"))
+    if opt is not None and (ckpt / "optimizer.pt").exists():
+        opt.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
+    return json.loads((ckpt / "state.json").read_text())
+
+
+def train(task: TrainTask, out_dir: str | os.PathLike[str], config: TrainConfig, *,
+          max_steps: int | None = None, max_minutes: float | None = None,
+          on_log: Callable[[dict[str, Any]], None] | None = None,
+          after_step: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Trains until ``max_steps`` (total, including resumed ones) or ``max_minutes`` (this
+    sitting) or ``config.total_steps``; resumes from ``out_dir/checkpoint`` if present.
+    ``after_step`` runs after each optimiser step (e.g. an EMA update).
+
+    Returns:
+        The final state (step, elapsed_s, last metrics).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    params = [p for m in task.modules().values() for p in m.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay,
+                            betas=(0.9, 0.99))
+    state = load_checkpoint(out, task, opt) or {"step": 0, "elapsed_s": 0.0,
+                                                "seed": config.seed}
+    if state["seed"] != config.seed:
+        raise ValueError(f"seed={config.seed}: the checkpoint in {out} was trained with seed "
+                         f"{state['seed']}")
+    for m in task.modules().values():
+        m.train()
+    stop_step = min(config.total_steps, max_steps or config.total_steps)
+    t0 = time.monotonic()
+    last_ckpt = t0
+    elapsed0 = state["elapsed_s"]
+    log_path = out / "train_log.jsonl"
+    metrics: dict[str, float] = {}
+    acc: dict[str, list[float]] = {}
+    while state["step"] < stop_step:
+        if max_minutes is not None and time.monotonic() - t0 > max_minutes * 60:
+            break
+        step = state["step"]
+        rng = np.random.default_rng([config.seed, step])
+        gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+        lr = config.lr_at(step)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        batch = task.batch(rng)
+        loss, metrics = task.loss(batch, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+        opt.step()
+        if after_step is not None:
+            after_step()  # e.g. an EMA update
+        state["step"] = step + 1
+        for k, v in {"loss": loss.item(), "grad_norm": float(grad_norm), **metrics}.items():
+            acc.setdefault(k, []).append(v)
+        now = time.monotonic()
+        state["elapsed_s"] = elapsed0 + now - t0
+        if state["step"] % config.log_every == 0:
+            line = {"step": state["step"], "lr": lr, "elapsed_s": round(state["elapsed_s"], 1),
+                    **{k: round(float(np.mean(v)), 6) for k, v in acc.items()}}
+            acc = {}
+            with open(log_path, "a") as fh:
+                fh.write(json.dumps(line) + "\n")
+            if on_log:
+                on_log(line)
+        if now - last_ckpt > config.checkpoint_every_s:
+            _save_checkpoint(out, task, opt, state)
+            task.on_checkpoint(out, state["step"])
+            last_ckpt = time.monotonic()
+    _save_checkpoint(out, task, opt, state)
+    task.on_checkpoint(out, state["step"])
+    return {**state, "metrics": metrics}

@@ -1,0 +1,110 @@
+"""Starting the studio: the Qt application, the asyncio loop (qasync) and the project.
+
+``python -m studio [PROJECT_FOLDER]`` opens the folder's project (creating it when the folder
+holds none); without a folder it reopens the last project, or creates
+``~/DiffusionStudio/Untitled``. Qt and asyncio share one loop: ``asyncio.Runner`` with
+``qasync.QEventLoop`` as its loop factory (Python 3.11 has no ``loop_factory`` in
+``asyncio.run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+DEFAULT_PROJECT = Path.home() / "DiffusionStudio" / "Untitled"
+
+
+def open_project(folder: Path):
+    """Opens the project in ``folder``, creating one when the folder holds none.
+
+    Raises:
+        ProjectError: locked by another studio, or written by a newer one.
+        OSError: the folder cannot be created or read.
+    """
+    from studio.store.project import DB_NAME, Project
+
+    if (folder / DB_NAME).exists():
+        return Project.open(folder)
+    return Project.create(folder)
+
+
+async def run_studio(settings, folder: Path, engine_factory=None) -> int:
+    """Shows the studio on ``folder`` until the window closes; follows "Open project".
+
+    Args:
+        settings: :class:`~studio.ui.settings.AppSettings`.
+        engine_factory: see :class:`~studio.ui.main_window.MainWindow`.
+    Returns:
+        The exit code.
+    """
+    import qasync
+    from PySide6.QtWidgets import QMessageBox
+
+    from studio.store.project import ProjectError
+    from studio.ui.main_window import MainWindow
+
+    next_folder: Path | None = folder
+    while next_folder is not None:
+        try:
+            project = open_project(next_folder)
+        except (ProjectError, OSError) as exc:
+            message = f"Cannot open the project in {next_folder}:\n{exc}"
+            logging.getLogger(__name__).error("%s", message)
+            await qasync.asyncWrap(lambda m=message: QMessageBox.critical(
+                None, "Diffusion Studio", m))
+            return 1
+        settings.last_project = str(next_folder)
+        window = MainWindow(project, settings, engine_factory=engine_factory)
+        closed = asyncio.get_running_loop().create_future()
+        window.closed.connect(lambda f=closed: f.done() or f.set_result(None))
+        window.show()
+        try:
+            await window.start()
+            await closed
+        finally:
+            next_folder = window.next_project
+            await window.shutdown()
+            project.close()
+            window.deleteLater()
+    return 0
+
+
+def _setup_logging() -> None:
+    from studio.paths import log_dir
+
+    handler = logging.FileHandler(log_dir() / "studio.log", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    for noisy in ("diffusers", "transformers", "PIL"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the studio window; returns the exit code."""
+    import qasync
+    from PySide6.QtCore import QSettings
+    from PySide6.QtWidgets import QApplication
+
+    from studio.ui.settings import AppSettings
+
+    parser = argparse.ArgumentParser(prog="python -m studio",
+                                     description="Diffusion Studio: the desktop studio.")
+    parser.add_argument("project", nargs="?", default=None,
+                        help="project folder (default: the last one, else "
+                             f"{DEFAULT_PROJECT}); created when it holds no project")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    _setup_logging()
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setOrganizationName("Diffusion Studio")
+    app.setApplicationName("Diffusion Studio")
+    app.setQuitOnLastWindowClosed(False)  # the coroutine below decides when to stop
+    settings = AppSettings(QSettings())
+    folder = Path(args.project or settings.last_project or DEFAULT_PROJECT).expanduser()
+    with asyncio.Runner(loop_factory=lambda: qasync.QEventLoop(app)) as runner:
+        return runner.run(run_studio(settings, folder))

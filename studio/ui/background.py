@@ -1,0 +1,155 @@
+"""Work off the GUI thread, results back on it.
+
+:class:`Background` runs plain functions on a small thread pool and delivers each result (or
+error) to a callback on the GUI thread through a queued Qt signal, so it works whether or not
+an asyncio loop is running (item models ask for thumbnails from ``data()``); :meth:`call`
+awaits the same work from a coroutine. Functions run there must not touch the project's
+SQLite connection (it belongs to the GUI thread) or create QPixmaps; QImages are fine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtGui import QImage
+
+log = logging.getLogger(__name__)
+
+Done = Callable[[Any], None]
+Error = Callable[[BaseException], None]
+
+
+class Background(QObject):
+    """A thread pool whose results come back on the GUI thread.
+
+    Args:
+        workers: threads in the pool.
+    """
+
+    _finished = Signal(object)
+
+    def __init__(self, workers: int = 2, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, "studio-ui")
+        self._finished.connect(self._deliver)
+        self._closed = False
+
+    def submit(
+        self, fn: Callable[..., Any], *args: Any, on_done: Done | None = None,
+        on_error: Error | None = None,
+    ) -> concurrent.futures.Future:
+        """Runs ``fn(*args)`` on the pool; ``on_done(result)`` or ``on_error(exc)`` follow on
+        the GUI thread (errors without ``on_error`` are logged)."""
+        future = self._pool.submit(fn, *args)
+
+        def finished(f: concurrent.futures.Future) -> None:
+            if self._closed:
+                return
+            try:
+                self._finished.emit((f, on_done, on_error))
+            except RuntimeError:  # the QObject is gone (window closed)
+                pass
+
+        future.add_done_callback(finished)
+        return future
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``await``-able :meth:`submit` (needs the running asyncio loop)."""
+        return await asyncio.wrap_future(self._pool.submit(fn, *args))
+
+    def _deliver(self, item: tuple) -> None:
+        future, on_done, on_error = item
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if exc is not None:
+            if on_error is not None:
+                on_error(exc)
+            else:
+                log.error("background task failed", exc_info=exc)
+        elif on_done is not None:
+            on_done(future.result())
+
+    def shutdown(self) -> None:
+        """Drops queued work; running work finishes but its result is not delivered."""
+        self._closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+# -- pixels <-> QImage ---------------------------------------------------------------------
+def to_qimage(pixels: np.ndarray) -> QImage:
+    """A QImage owning a copy of uint8 pixels (H, W), (H, W, 3) or (H, W, 4).
+
+    Cheap for previews and thumbnails; call it on a worker thread for large frames.
+    """
+    arr = np.asarray(pixels)
+    if arr.dtype != np.uint8:
+        raise ValueError(f"pixels: expected uint8, got {arr.dtype}")
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[..., 0]
+    arr = np.ascontiguousarray(arr)
+    h, w = arr.shape[:2]
+    if arr.ndim == 2:
+        fmt, bpl = QImage.Format.Format_Grayscale8, w
+    elif arr.shape[2] == 3:
+        fmt, bpl = QImage.Format.Format_RGB888, 3 * w
+    elif arr.shape[2] == 4:
+        fmt, bpl = QImage.Format.Format_RGBA8888, 4 * w
+    else:
+        raise ValueError(f"pixels: expected 1, 3 or 4 channels, got {arr.shape}")
+    return QImage(arr.data, w, h, bpl, fmt).copy()
+
+
+def from_qimage(image: QImage) -> np.ndarray:
+    """uint8 RGB (H, W, 3) pixels of a QImage (a copy)."""
+    rgb = image.convertToFormat(QImage.Format.Format_RGB888)
+    w, h, bpl = rgb.width(), rgb.height(), rgb.bytesPerLine()
+    buf = np.frombuffer(rgb.constBits(), np.uint8, count=bpl * h).reshape(h, bpl)
+    return buf[:, : 3 * w].reshape(h, w, 3).copy()
+
+
+def thumbnail_pixels(pixels: np.ndarray, size: int) -> np.ndarray:
+    """``pixels`` (H, W[, 3]) scaled so the long side is at most ``size`` (never upscaled)."""
+    from PIL import Image
+
+    image = Image.fromarray(np.ascontiguousarray(pixels))
+    image.thumbnail((size, size), Image.Resampling.LANCZOS)
+    return np.asarray(image)
+
+
+_ANCHORS = np.array(
+    [[0, 0, 4], [40, 11, 84], [101, 21, 110], [159, 42, 99], [212, 72, 66], [245, 125, 21],
+     [250, 193, 39], [252, 255, 164]], dtype=np.float64)
+HEAT_LUT = np.stack(
+    [np.interp(np.linspace(0, 1, 256), np.linspace(0, 1, len(_ANCHORS)), _ANCHORS[:, c])
+     for c in range(3)], axis=1).round().astype(np.uint8)
+"""A 256-entry black-purple-orange-yellow colour map (inferno-like) for difference maps."""
+
+
+def difference_heatmap(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
+    """Per-pixel difference of two RGB frames as a heat map, and its statistics.
+
+    ``b`` is resized to ``a``'s size (bilinear) when they differ. The map shows the mean
+    absolute channel difference, scaled so the largest difference is the brightest colour.
+
+    Returns:
+        (uint8 (H, W, 3) heat map, {"mean": mean |a-b| in 0-255 units, "max": the largest}).
+    """
+    from PIL import Image
+
+    a = np.asarray(a)[..., :3]
+    b = np.asarray(b)[..., :3]
+    if a.shape != b.shape:
+        b = np.asarray(Image.fromarray(np.ascontiguousarray(b)).resize(
+            (a.shape[1], a.shape[0]), Image.Resampling.BILINEAR))
+    diff = np.abs(a.astype(np.int16) - b.astype(np.int16)).mean(axis=2)
+    top = float(diff.max())
+    scaled = (diff * (255.0 / top)).round().astype(np.uint8) if top > 0 else np.zeros(
+        diff.shape, np.uint8)
+    return HEAT_LUT[scaled], {"mean": float(diff.mean()), "max": top}

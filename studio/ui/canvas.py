@@ -1,0 +1,270 @@
+"""The canvas: the selected variant (image or video), live step previews, image drops.
+
+* A finished variant shows its result; a video plays with the player controls (Space
+  play/pause, Left/Right frame step through the window's actions).
+* A queued or running variant shows the engine's latest step preview with the progress, so
+  the picture forms while it is generated.
+* Dropping (or pasting) an image offers it as an input: the canvas emits :attr:`inputOffered`
+  with the file's path or bytes; decoding happens off the GUI thread in the controller, and a
+  damaged file comes back as a message in the canvas's banner (:meth:`show_error`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMimeData, Qt, Signal
+from PySide6.QtGui import QDragEnterEvent, QDropEvent, QGuiApplication, QImage
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
+
+from studio.core.document import PENDING, ChangeEvent, Document, Status
+from studio.ui.background import to_qimage
+from studio.ui.controller import StudioController, describe
+from studio.ui.image_view import FramePlayer, ImageView, PlayerControls
+from studio.ui.media_cache import MediaCache
+from studio.ui.queue_panel import format_eta
+from studio.ui.variants import variant_label
+
+BANNER_STYLE = ("background: #5a1f1c; color: #ffd9d6; padding: 6px; border-radius: 3px;")
+NOTE_STYLE = ("background: #1f3a5a; color: #d6e8ff; padding: 6px; border-radius: 3px;")
+
+
+def image_bytes(image: QImage) -> bytes:
+    """A QImage as PNG bytes (how pasted pictures enter the same decode path as files)."""
+    data = QByteArray()
+    buffer = QBuffer(data)
+    buffer.open(QIODevice.OpenModeFlag.WriteOnly)
+    image.save(buffer, "PNG")
+    buffer.close()
+    return bytes(data.data())
+
+
+def offered_images(mime: QMimeData) -> list[tuple[bytes | Path, str]]:
+    """The images in a drop or the clipboard: local files first, else image data."""
+    out: list[tuple[bytes | Path, str]] = []
+    for url in mime.urls() if mime.hasUrls() else []:
+        if url.isLocalFile():
+            path = Path(url.toLocalFile())
+            out.append((path, path.name))
+    if not out and mime.hasImage():
+        image = mime.imageData()
+        if isinstance(image, QImage) and not image.isNull():
+            out.append((image_bytes(image), "pasted image.png"))
+    return out
+
+
+class Canvas(QWidget):
+    """Shows one variant (see the module docstring).
+
+    Signals:
+        inputOffered(object, str): an image was dropped or pasted: (path or bytes, name).
+    """
+
+    inputOffered = Signal(object, str)
+
+    def __init__(self, document: Document, media: MediaCache, controller: StudioController,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._doc = document
+        self._media = media
+        self._controller = controller
+        self._vid: str | None = None
+        self._frames: np.ndarray | None = None
+        self._media_id: str | None = None
+        self.view = ImageView()
+        self.player = FramePlayer(self)
+        self.controls = PlayerControls(self.player)
+        self.caption = QLabel("")
+        self.caption.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.banner = QLabel("")
+        self.banner.setWordWrap(True)
+        self.banner_close = QToolButton(text="✕")
+        banner_row = QHBoxLayout()
+        banner_row.setContentsMargins(0, 0, 0, 0)
+        banner_row.addWidget(self.banner, 1)
+        banner_row.addWidget(self.banner_close)
+        self._banner_box = QWidget()
+        self._banner_box.setLayout(banner_row)
+        self._banner_box.hide()
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self._banner_box)
+        layout.addWidget(self.view, 1)
+        layout.addWidget(self.controls)
+        layout.addWidget(self.caption)
+        self.setAcceptDrops(True)
+        self.banner_close.clicked.connect(self.clear_banner)
+        self.player.positionChanged.connect(self._show_frame)
+        controller.previewReady.connect(self._on_preview)
+        controller.progressChanged.connect(self._on_progress)
+        self._unsubscribe = document.subscribe(self._on_document)
+        self.show_variant(None)
+
+    def detach(self) -> None:
+        """Stops following the document."""
+        self._unsubscribe()
+
+    # -- what is shown ----------------------------------------------------------------------
+    @property
+    def variant_id(self) -> str | None:
+        """The variant shown."""
+        return self._vid
+
+    @property
+    def frames(self) -> np.ndarray | None:
+        """The result frames shown (F, H, W, 3), or None."""
+        return self._frames
+
+    def current_frame(self) -> np.ndarray | None:
+        """The frame on screen (H, W, 3) of the result, or None."""
+        if self._frames is None or not len(self._frames):
+            return None
+        return np.asarray(self._frames[min(self.player.position, len(self._frames) - 1)])
+
+    def show_variant(self, variant_id: str | None) -> None:
+        """Shows a variant (None: nothing)."""
+        if variant_id is not None and not self._doc.has_variant(variant_id):
+            variant_id = None
+        self._vid = variant_id
+        self._frames = None
+        self._media_id = None
+        self.player.set_source(0, 16.0)
+        self.controls.refresh()
+        if variant_id is None:
+            self.view.set_image(None)
+            self.view.set_message("Generate something, or select a variant.")
+            self.caption.setText("")
+            return
+        v = self._doc.variant(variant_id)
+        try:
+            summary = describe(v.request)
+        except ValueError:
+            summary = ""
+        self.caption.setText(f"{variant_label(v)} — {summary}")
+        if v.status in PENDING:
+            preview = self._controller.preview(variant_id)
+            self.view.set_image(to_qimage(preview) if preview is not None else None)
+            self._on_progress(variant_id)
+        elif v.status == Status.DONE and v.artifacts:
+            mid = v.artifacts[0].media_id
+            self._media_id = mid
+            self.view.set_message("Loading…")
+            self._media.request_frames(mid, lambda frames, m=mid: self._on_frames(m, frames))
+        else:
+            self.view.set_image(None)
+            self.view.set_message(f"{v.status}: {v.error or ''}".strip(": "))
+
+    def _on_frames(self, media_id: str, frames: np.ndarray | None) -> None:
+        if media_id != self._media_id:
+            return
+        if frames is None:
+            self.view.set_image(None)
+            self.view.set_message(self._media.error(media_id) or "The result cannot be read.")
+            return
+        self._frames = frames
+        fps = 16.0
+        try:
+            fps = float(self._doc.variant(self._vid).request.get("fps") or 16.0)
+        except (ValueError, KeyError):
+            pass
+        self.view.set_message("")
+        self.player.set_source(len(frames), fps)
+        self.controls.refresh()
+        self._show_frame(0)
+
+    def _show_frame(self, position: int) -> None:
+        frame = self.current_frame()
+        if frame is not None:
+            self.view.set_image(to_qimage(frame))
+
+    def _on_preview(self, variant_id: str) -> None:
+        if variant_id == self._vid:
+            preview = self._controller.preview(variant_id)
+            if preview is not None:
+                self.view.set_image(to_qimage(preview))
+
+    def _on_progress(self, variant_id: str) -> None:
+        if variant_id != self._vid or not self._doc.has_variant(variant_id):
+            return
+        v = self._doc.variant(variant_id)
+        if v.status not in PENDING:
+            return
+        progress = self._controller.progress(variant_id)
+        if v.status == Status.QUEUED:
+            queue = self._doc.queue()
+            text = f"Queued (#{queue.index(variant_id) + 1})" if variant_id in queue else "Queued"
+        elif progress is not None:
+            text = (f"Generating: step {progress.step}/{progress.total}, "
+                    f"{format_eta(progress.eta_s)} left")
+        else:
+            text = "Starting…"
+        self.view.set_message(text)
+
+    def _on_document(self, events: Sequence[ChangeEvent]) -> None:
+        vid = self._vid
+        if vid is None:
+            return
+        if not self._doc.has_variant(vid):
+            self.show_variant(None)
+            return
+        if not any(vid in e.ids for e in events):
+            return
+        v = self._doc.variant(vid)
+        result = v.artifacts[0].media_id if v.status == Status.DONE and v.artifacts else None
+        if v.status in PENDING and self._media_id is None:
+            self._on_progress(vid)
+            self.caption.setText(f"{variant_label(v)} — {describe(v.request)}")
+        elif result is None or result != self._media_id:
+            self.show_variant(vid)
+        else:
+            self.caption.setText(f"{variant_label(v)} — {describe(v.request)}")
+
+    # -- messages ---------------------------------------------------------------------------
+    def show_error(self, text: str) -> None:
+        """Shows an error in the banner above the picture (until closed or replaced)."""
+        self.banner.setStyleSheet(BANNER_STYLE)
+        self.banner.setText(text)
+        self._banner_box.show()
+
+    def show_note(self, text: str) -> None:
+        """Shows a note in the banner."""
+        self.banner.setStyleSheet(NOTE_STYLE)
+        self.banner.setText(text)
+        self._banner_box.show()
+
+    def banner_text(self) -> str:
+        """The banner's text ("" when hidden)."""
+        return self.banner.text() if self._banner_box.isVisibleTo(self) else ""
+
+    def clear_banner(self) -> None:
+        """Hides the banner."""
+        self.banner.setText("")
+        self._banner_box.hide()
+
+    # -- drops and pastes -------------------------------------------------------------------
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802
+        """Accepts files and image data."""
+        mime = event.mimeData()
+        if mime.hasUrls() or mime.hasImage():
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802
+        """Offers the dropped image(s) as inputs."""
+        if self.offer(event.mimeData()):
+            event.acceptProposedAction()
+
+    def offer(self, mime: QMimeData) -> bool:
+        """Offers the images of a drop or paste; False (with a message) when there are none."""
+        images = offered_images(mime)
+        if not images:
+            self.show_error("Nothing to use here: drop an image file or paste a picture.")
+            return False
+        for source, name in images:
+            self.inputOffered.emit(source, name)
+        return True
+
+    def paste(self) -> bool:
+        """Offers the clipboard's image as an input."""
+        return self.offer(QGuiApplication.clipboard().mimeData())

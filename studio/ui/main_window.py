@@ -1,0 +1,692 @@
+"""The studio window: docks around a canvas, the actions, and their wiring.
+
+Docks (movable, floatable; the layout is saved in QSettings): Prompt & settings, Variants,
+Timeline, Queue. The centre holds the Canvas and the Compare view as tabs. Every user action
+is a QAction (menus, context menus, shortcuts and tests use the same ones):
+
+    Ctrl+Enter generate · Space play/pause · Left/Right frame step · Ctrl+Z / Ctrl+Shift+Z
+    undo/redo · Delete delete variants (or the timeline shot when the timeline has focus) ·
+    F2 rename · Ctrl+V paste an image as input · Ctrl+0 fit · Ctrl+1 100%
+
+Text fields keep their own keys (Space types a space in the prompt; Ctrl+Z undoes typing):
+Qt gives a focused text widget first refusal of such shortcuts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PySide6.QtCore import QSettings, Qt, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QImage, QKeySequence, QShowEvent
+from PySide6.QtWidgets import (
+    QApplication,
+    QDockWidget,
+    QFileDialog,
+    QLabel,
+    QMainWindow,
+    QMenu,
+    QTabWidget,
+    QWidget,
+)
+
+from studio.core.commands import AddVariant, DeleteVariant, RenameVariant, StarVariant
+from studio.core.document import (
+    HISTORY_CHANGED,
+    PENDING,
+    QUEUE_CHANGED,
+    RETRYABLE,
+    VARIANTS_CHANGED,
+    ChangeEvent,
+    Status,
+)
+from studio.core.request import GenerationRequest, MediaRef
+from studio.engine.models.registry import ModelRegistry
+from studio.store.project import Project
+from studio.ui.background import Background
+from studio.ui.canvas import Canvas
+from studio.ui.compare import CompareView
+from studio.ui.controller import EngineFactory, StudioController
+from studio.ui.exporting import (
+    ExportError,
+    default_suffix,
+    export_contact_sheet,
+    export_variant,
+    settings_text,
+)
+from studio.ui.media_cache import MediaCache
+from studio.ui.params import ParamsPanel
+from studio.ui.queue_panel import QueueModel, QueuePanel, format_eta
+from studio.ui.settings import AppSettings, SettingsDialog
+from studio.ui.timeline import TimelineModel, TimelinePanel
+from studio.ui.variants import VariantPanel, VariantTreeModel, variant_label
+
+log = logging.getLogger(__name__)
+
+INPUT_FIELDS = {"init_image": "init image", "first_frame": "first frame",
+                "references": "reference"}
+
+
+class MainWindow(QMainWindow):
+    """The studio window over one open project.
+
+    Args:
+        project: the open project (the window never closes it; the caller does).
+        settings: application settings (a QSettings store).
+        engine_factory: makes the engine (tests: a thread worker); default: a ProcessWorker
+            configured from the settings.
+        registry: where models are listed (default: from the settings' model folders).
+
+    Signals:
+        closed(): the window was closed; call :meth:`shutdown` next.
+    """
+
+    closed = Signal()
+
+    def __init__(
+        self,
+        project: Project,
+        settings: AppSettings | QSettings,
+        *,
+        engine_factory: EngineFactory | None = None,
+        registry: ModelRegistry | None = None,
+        parent: QWidget | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.project = project
+        self.document = project.document
+        self.settings = settings if isinstance(settings, AppSettings) else AppSettings(settings)
+        self.registry = registry or ModelRegistry(self.settings.model_folders)
+        self.next_project: Path | None = None
+        self.last_message = ("", False)
+        self._tasks: set[asyncio.Future] = set()
+        self._restored = False
+        self._shut = False
+        self.setWindowTitle(f"Diffusion Studio — {project.folder.name}")
+        self.background = Background(parent=self)
+        self.media = MediaCache(project.media, self.background, parent=self)
+        self.controller = StudioController(project, self.background,
+                                           config=self.settings.worker_config(),
+                                           engine_factory=engine_factory, parent=self)
+        self._build_views()
+        self._build_actions()
+        self._build_menus()
+        self._wire()
+        self.params.set_models(self.registry.list(), self.registry.content_hash)
+        self._unsubscribe = self.document.subscribe(self._on_document)
+        self._update_actions()
+        self._update_queue_status()
+
+    # -- construction -----------------------------------------------------------------------
+    def _build_views(self) -> None:
+        doc = self.document
+        self.canvas = Canvas(doc, self.media, self.controller)
+        self.compare = CompareView(doc, self.media)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self.canvas, "Canvas")
+        self.tabs.addTab(self.compare, "Compare")
+        self.setCentralWidget(self.tabs)
+        self.params = ParamsPanel(self.background)
+        self.variant_model = VariantTreeModel(doc, self.media, self.controller, parent=self)
+        self.variants = VariantPanel(self.variant_model)
+        self.timeline_model = TimelineModel(doc, self.media, parent=self)
+        self.timeline = TimelinePanel(self.timeline_model, doc, self.background, self.media)
+        self.queue_model = QueueModel(doc, self.controller, parent=self)
+        self.queue = QueuePanel(self.queue_model, self.controller)
+        self.docks: dict[str, QDockWidget] = {}
+        for name, title, widget, area in (
+            ("paramsDock", "Prompt && settings", self.params, Qt.DockWidgetArea.LeftDockWidgetArea),
+            ("variantsDock", "Variants", self.variants, Qt.DockWidgetArea.RightDockWidgetArea),
+            ("queueDock", "Queue", self.queue, Qt.DockWidgetArea.RightDockWidgetArea),
+            ("timelineDock", "Timeline", self.timeline, Qt.DockWidgetArea.BottomDockWidgetArea),
+        ):
+            dock = QDockWidget(title.replace("&&", "&"), self)
+            dock.setObjectName(name)
+            dock.setWidget(widget)
+            self.addDockWidget(area, dock)
+            self.docks[name] = dock
+        self.queue_status = QLabel("")
+        self.statusBar().addPermanentWidget(self.queue_status)
+        self.resize(1400, 900)
+
+    def _action(self, text: str, slot: Callable[[], Any], shortcut: Any = None,
+                tip: str = "") -> QAction:
+        action = QAction(text, self)
+        if shortcut is not None:
+            shortcuts = shortcut if isinstance(shortcut, list) else [shortcut]
+            action.setShortcuts([QKeySequence(s) for s in shortcuts])
+        if tip:
+            action.setToolTip(tip)
+            action.setStatusTip(tip)
+        action.triggered.connect(lambda *_: self._guard(slot))
+        self.addAction(action)
+        return action
+
+    def _build_actions(self) -> None:
+        a = self._action
+        self.generate_action = a("Generate", self.generate, ["Ctrl+Return", "Ctrl+Enter"],
+                                 "Queue the settings as new variants")
+        self.undo_action = a("Undo", self.undo, QKeySequence.StandardKey.Undo)
+        self.redo_action = a("Redo", self.redo, ["Ctrl+Shift+Z", "Ctrl+Y"])
+        self.delete_action = a("Delete", self.delete, QKeySequence.StandardKey.Delete,
+                               "Delete the selected variants (and their branches)")
+        self.rename_action = a("Rename…", self.start_rename, "F2")
+        self.star_action = a("Star / unstar", self.toggle_star)
+        self.branch_action = a("Branch from here", self.branch_from_current,
+                               tip="Prefill the settings from this variant; new results "
+                                   "become its children")
+        self.use_init_action = a("Use as init image", lambda: self.use_as_input("init_image"))
+        self.use_first_action = a("Use as first frame",
+                                  lambda: self.use_as_input("first_frame"))
+        self.use_reference_action = a("Add as reference",
+                                      lambda: self.use_as_input("references"))
+        self.add_shot_action = a("Add to timeline", self.add_selected_to_timeline)
+        self.compare_action = a("Compare selected", self.compare_selected)
+        self.export_action = a("Export result…", self.ask_export_variant, "Ctrl+E")
+        self.contact_sheet_action = a("Export contact sheet…", self.ask_contact_sheet)
+        self.storyboard_action = a("Export storyboard MP4…", self.timeline._ask_export)
+        self.copy_settings_action = a("Copy settings", self.copy_settings, "Ctrl+Shift+C",
+                                      "Copy the request JSON to the clipboard")
+        self.reproduce_action = a("Reproduce", self.reproduce,
+                                  tip="Run the exact same request again as a new variant")
+        self.retry_action = a("Retry", self.retry_selected)
+        self.cancel_action = a("Cancel job", self.cancel_selected)
+        self.play_action = a("Play / pause", self.toggle_play, "Space")
+        self.prev_frame_action = a("Previous frame", lambda: self.step_frame(-1), "Left")
+        self.next_frame_action = a("Next frame", lambda: self.step_frame(1), "Right")
+        self.fit_action = a("Fit", lambda: self._active_view().fit(), "Ctrl+0")
+        self.actual_size_action = a("100%", lambda: self._active_view().actual_size(), "Ctrl+1")
+        self.paste_action = a("Paste image as input", self.canvas.paste,
+                              QKeySequence.StandardKey.Paste)
+        self.settings_action = a("Settings…", self.open_settings)
+        self.open_project_action = a("Open or create project…", self.ask_open_project,
+                                     QKeySequence.StandardKey.Open)
+        self.quit_action = a("Quit", self.close, QKeySequence.StandardKey.Quit)
+        for action in (self.play_action, self.prev_frame_action, self.next_frame_action):
+            action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+        self.variants.add_tool(self.branch_action)
+        self.variants.add_tool(self.compare_action)
+        self.variants.add_tool(self.add_shot_action)
+        self.variants.toolbar.addStretch(1)
+
+    def _build_menus(self) -> None:
+        bar = self.menuBar()
+        file_menu = bar.addMenu("&File")
+        for action in (self.open_project_action, None, self.export_action,
+                       self.contact_sheet_action, self.storyboard_action, None,
+                       self.settings_action, None, self.quit_action):
+            file_menu.addSeparator() if action is None else file_menu.addAction(action)
+        edit = bar.addMenu("&Edit")
+        for action in (self.undo_action, self.redo_action, None, self.rename_action,
+                       self.star_action, self.delete_action, None, self.copy_settings_action,
+                       self.paste_action):
+            edit.addSeparator() if action is None else edit.addAction(action)
+        gen = bar.addMenu("&Generate")
+        for action in (self.generate_action, self.branch_action, self.reproduce_action, None,
+                       self.use_init_action, self.use_first_action, self.use_reference_action,
+                       None, self.retry_action, self.cancel_action):
+            gen.addSeparator() if action is None else gen.addAction(action)
+        view = bar.addMenu("&View")
+        for action in (self.compare_action, self.add_shot_action, None, self.fit_action,
+                       self.actual_size_action, None, self.play_action, self.prev_frame_action,
+                       self.next_frame_action, None):
+            view.addSeparator() if action is None else view.addAction(action)
+        for dock in self.docks.values():
+            view.addAction(dock.toggleViewAction())
+
+    def _wire(self) -> None:
+        self.params.generateRequested.connect(lambda: self._guard(self.generate))
+        self.params.loadInputRequested.connect(self.ask_load_input)
+        self.variants.currentChanged.connect(self._on_current_variant)
+        self.variants.selectionChanged.connect(lambda *_: self._update_actions())
+        self.variants.view.customContextMenuRequested.connect(self._variant_menu)
+        self.queue.activated.connect(lambda vid: vid and self.variants.select([vid]))
+        self.canvas.inputOffered.connect(lambda source, name: self.import_input(source, name))
+        self.controller.notice.connect(self.notify)
+        self.controller.progressChanged.connect(lambda *_: self._update_queue_status())
+        self.timeline.message.connect(self.notify)
+        self.compare.message.connect(self.notify)
+        self.media.thumbnailReady.connect(lambda *_: self.params.update())
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Starts the engine and runs the queued variants (on the running asyncio loop)."""
+        await self.controller.start()
+        if self.project.recovered:
+            self.notify(f"{len(self.project.recovered)} generation(s) were interrupted when "
+                        f"the studio stopped; select them in the Queue and press Retry.")
+
+    async def shutdown(self) -> None:
+        """Stops the engine and the background work; the project stays open for the caller."""
+        if self._shut:
+            return
+        self._shut = True
+        for task in list(self._tasks):
+            task.cancel()
+        await self.controller.aclose()
+        self._unsubscribe()
+        for model in (self.variant_model, self.timeline_model, self.queue_model, self.canvas):
+            model.detach()
+        self.background.shutdown()
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802
+        """Restores the saved geometry and dock layout the first time."""
+        if not self._restored:
+            self._restored = True
+            geometry, state = self.settings.window_state()
+            if geometry is not None:
+                self.restoreGeometry(geometry)
+            if state is not None:
+                self.restoreState(state)
+        super().showEvent(event)
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
+        """Saves the layout and tells the app to shut down."""
+        self.settings.save_window_state(self.saveGeometry(), self.saveState())
+        super().closeEvent(event)
+        self.closed.emit()
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _guard(self, fn: Callable[[], Any]) -> Any:
+        """Runs an action; an unexpected error becomes a message, never a crash."""
+        try:
+            return fn()
+        except Exception as exc:
+            log.exception("action failed")
+            self.notify(f"Something went wrong: {exc}", True)
+            return None
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Future:
+        """Runs a coroutine on the loop; its errors are reported to the user."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Future) -> None:
+            self._tasks.discard(t)
+            if t.cancelled():
+                return
+            exc = t.exception()
+            if isinstance(exc, ExportError):
+                self.notify(str(exc), True)
+            elif exc is not None:
+                log.error("task failed", exc_info=exc)
+                self.notify(f"Something went wrong: {exc}", True)
+
+        task.add_done_callback(done)
+        return task
+
+    def notify(self, text: str, error: bool = False) -> None:
+        """Tells the user something: the status bar, and the canvas banner for errors."""
+        self.last_message = (text, error)
+        self.statusBar().showMessage(text, 15000 if error else 8000)
+        if error:
+            self.canvas.show_error(text)
+            log.warning("%s", text)
+
+    def _active_view(self):
+        if self.tabs.currentWidget() is self.compare:
+            return self.compare._active_views()[0]
+        return self.canvas.view
+
+    def _active_player(self):
+        return self.compare.player if self.tabs.currentWidget() is self.compare \
+            else self.canvas.player
+
+    def selected_ids(self) -> list[str]:
+        """The selected variants (the current one when nothing is selected)."""
+        ids = self.variants.selected()
+        if not ids and self.variants.current():
+            ids = [self.variants.current()]
+        return [v for v in ids if self.document.has_variant(v)]
+
+    def current_id(self) -> str | None:
+        """The current variant, if any."""
+        vid = self.variants.current()
+        return vid if vid and self.document.has_variant(vid) else None
+
+    def _on_current_variant(self, vid: str) -> None:
+        self.canvas.show_variant(vid or None)
+        if vid:
+            self.tabs.setCurrentWidget(self.canvas)
+        self._update_actions()
+
+    def _on_document(self, events: Sequence[ChangeEvent]) -> None:
+        kinds = {e.kind for e in events}
+        if kinds & {HISTORY_CHANGED, VARIANTS_CHANGED, QUEUE_CHANGED} or kinds:
+            self._update_actions()
+        if kinds & {QUEUE_CHANGED, VARIANTS_CHANGED}:
+            self._update_queue_status()
+
+    def _update_actions(self) -> None:
+        h = self.document.history
+        self.undo_action.setEnabled(h.can_undo)
+        self.undo_action.setText(f"Undo {h.undo_label}" if h.can_undo else "Undo")
+        self.redo_action.setEnabled(h.can_redo)
+        self.redo_action.setText(f"Redo {h.redo_label}" if h.can_redo else "Redo")
+        ids = self.selected_ids()
+        current = self.current_id()
+        cv = self.document.variant(current) if current else None
+        done = [v for v in ids if self.document.variant(v).status == Status.DONE]
+        has = bool(ids)
+        for action in (self.delete_action, self.star_action, self.rename_action):
+            action.setEnabled(has)
+        for action in (self.branch_action, self.copy_settings_action, self.reproduce_action):
+            action.setEnabled(cv is not None)
+        cur_done = cv is not None and cv.status == Status.DONE and bool(cv.artifacts)
+        for action in (self.use_init_action, self.use_first_action, self.use_reference_action,
+                       self.export_action):
+            action.setEnabled(cur_done)
+        self.add_shot_action.setEnabled(bool(ids))
+        self.compare_action.setEnabled(len(done) >= 2)
+        self.contact_sheet_action.setEnabled(bool(done))
+        self.retry_action.setEnabled(cv is not None and cv.status in RETRYABLE)
+        self.cancel_action.setEnabled(cv is not None and cv.status in PENDING)
+
+    def _update_queue_status(self) -> None:
+        doc = self.document
+        waiting = sum(1 for v in doc.queue() if doc.variant(v).status == Status.QUEUED)
+        running = self.controller.running_variant
+        text = f"Queue: {waiting} waiting"
+        if running:
+            progress = self.controller.progress(running)
+            if progress is not None:
+                text += (f" · running {round(progress.fraction * 100)}%, "
+                         f"{format_eta(progress.eta_s)} left")
+            else:
+                text += " · starting"
+        self.queue_status.setText(text)
+
+    def _variant_menu(self, pos: Any) -> None:
+        menu = QMenu(self)
+        for action in (self.branch_action, self.reproduce_action, None, self.use_init_action,
+                       self.use_first_action, self.use_reference_action, None,
+                       self.add_shot_action, self.compare_action, None, self.star_action,
+                       self.rename_action, self.delete_action, None, self.export_action,
+                       self.contact_sheet_action, self.copy_settings_action, None,
+                       self.retry_action, self.cancel_action):
+            menu.addSeparator() if action is None else menu.addAction(action)
+        menu.popup(self.variants.view.viewport().mapToGlobal(pos))
+
+    # -- generating -------------------------------------------------------------------------
+    def generate(self) -> list[str]:
+        """Queues the settings panel's batch as new variants (one undo step); selects the
+        first so the canvas shows its previews. Returns the new ids ([] when invalid)."""
+        requests = self.params.batch_requests()
+        if not requests:
+            problems = "; ".join(str(p) for p in self.params.problems())
+            self.notify(f"Cannot generate yet: {problems}", True)
+            return []
+        parent = self.params.parent_id
+        if parent is not None and not self.document.has_variant(parent):
+            self.params.set_parent(None)
+            parent = None
+        ids = self.controller.generate(requests, parent)
+        self.variants.select(ids[:1])
+        self.canvas.show_variant(ids[0])
+        return ids
+
+    def branch_from_current(self) -> None:
+        """Prefills the settings from the current variant and makes it the next parent."""
+        vid = self.current_id()
+        if vid is None:
+            return
+        v = self.document.variant(vid)
+        request = GenerationRequest.from_json(v.request_json)
+        notes = self.params.set_from_request(request, self._ref_thumbnail)
+        self.params.set_parent(vid, variant_label(v))
+        self.docks["paramsDock"].show()
+        self.docks["paramsDock"].raise_()
+        self.notify(f"Branching from {variant_label(v)}" + ("; " + "; ".join(notes)
+                                                            if notes else ""))
+
+    def reproduce(self) -> list[str]:
+        """Runs the current variant's exact request again as a child of it."""
+        vid = self.current_id()
+        if vid is None:
+            return []
+        v = self.document.variant(vid)
+        command = AddVariant(v.request_json, v.request_id, parent_id=vid,
+                             name=f"{variant_label(v)} (reproduced)"[:200])
+        self.document.history.push(command)
+        self.variants.select([command.variant_id])
+        return [command.variant_id]
+
+    def retry_selected(self) -> None:
+        """Queues the current failed, cancelled or interrupted variant again."""
+        vid = self.current_id()
+        if vid and self.document.variant(vid).status in RETRYABLE:
+            self.controller.retry(vid)
+
+    def cancel_selected(self) -> None:
+        """Cancels the current variant's job."""
+        vid = self.current_id()
+        if vid:
+            self.controller.cancel(vid)
+
+    # -- inputs -----------------------------------------------------------------------------
+    def _field_for_mode(self) -> str:
+        mode = self.params.mode()
+        caps = self.params.capabilities()
+        if mode == "r2v":
+            return "references"
+        if mode in ("i2v", "t2v") and caps is not None and "i2v" in caps.modes:
+            return "first_frame"
+        return "init_image"
+
+    def import_input(self, source: bytes | Path, name: str, field: str | None = None) -> None:
+        """Decodes an image (dropped, pasted or loaded) and sets it as an input: the field
+        the current mode uses (video modes: first frame; r2v: reference; else init image).
+        A damaged file is reported and changes nothing."""
+        field = field or self._field_for_mode()
+        self.statusBar().showMessage(f"Reading {name}…", 5000)
+
+        def done(ref: MediaRef, pixels: np.ndarray) -> None:
+            note = self.params.set_input(field, ref, pixels)
+            self.canvas.clear_banner()
+            self.notify(f"{name} is the {INPUT_FIELDS[field]}" + (f"; {note}" if note else ""))
+
+        self.controller.import_image(source, name, field, done,
+                                     lambda message: self.notify(message, True))
+
+    def ask_load_input(self, field: str) -> None:
+        """Asks for an image file for an input slot."""
+        path, _ = QFileDialog.getOpenFileName(
+            self, f"Load {INPUT_FIELDS[field]}", str(Path.home()),
+            "Images (*.png *.jpg *.jpeg *.webp *.bmp *.tif *.tiff *.gif)")
+        if path:
+            self.import_input(Path(path), Path(path).name, field)
+
+    def use_as_input(self, field: str, variant_id: str | None = None) -> None:
+        """Uses a variant's result as an input image. For a video: the frame on the canvas
+        when it is shown there, else its last frame (a new video continues where it ends)."""
+        vid = variant_id or self.current_id()
+        if vid is None:
+            return
+        v = self.document.variant(vid)
+        if v.status != Status.DONE or not v.artifacts:
+            self.notify(f"{variant_label(v)} has no result to use yet.", True)
+            return
+        art = v.artifacts[0]
+        label = f"result of {variant_label(v)}"
+
+        def set_input(ref: MediaRef, pixels: np.ndarray) -> None:
+            note = self.params.set_input(field, ref, pixels)
+            self.notify(f"{label} is the {INPUT_FIELDS[field]}" + (f"; {note}" if note else ""))
+
+        def with_frames(frames: np.ndarray | None) -> None:
+            if frames is None:
+                self.notify(f"Cannot read the {label}.", True)
+                return
+            if art.kind == "image":
+                pixels_id = self.media.info(art.media_id)["pixels_id"]
+                set_input(MediaRef(pixels_id, label, "result, 8-bit RGB as is"),
+                          np.asarray(frames[0]))
+                return
+            frame = self.canvas.current_frame() if self.canvas.variant_id == vid else None
+            if frame is None:
+                frame = np.asarray(frames[-1])
+            self.controller.input_from_frame(frame, label, set_input,
+                                             lambda m: self.notify(m, True))
+
+        self.media.request_frames(art.media_id, with_frames)
+
+    def _ref_thumbnail(self, ref: MediaRef) -> QImage | None:
+        media_id = self.project.media.find_by_pixels(ref.content_id)
+        return self.media.thumbnail(media_id) if media_id else None
+
+    # -- editing ----------------------------------------------------------------------------
+    def undo(self) -> None:
+        """Undoes one step (an undone running variant's job is cancelled)."""
+        self.document.history.undo()
+
+    def redo(self) -> None:
+        """Redoes one step."""
+        self.document.history.redo()
+
+    def delete(self) -> None:
+        """Deletes the selected variants with their branches (one undo step); with the
+        timeline focused, removes its selected shot instead."""
+        focus = QApplication.focusWidget()
+        if focus is not None and self.timeline.isAncestorOf(focus) and self.timeline.selected():
+            self.timeline.remove_selected()
+            return
+        self.delete_variants(self.selected_ids())
+
+    def delete_variants(self, ids: Sequence[str]) -> None:
+        """Deletes variants (their subtrees, shots and jobs go too) as one undo step."""
+        doc = self.document
+        chosen = set(ids)
+
+        def has_chosen_ancestor(vid: str) -> bool:
+            parent = doc.variant(vid).parent_id
+            while parent is not None:
+                if parent in chosen:
+                    return True
+                parent = doc.variant(parent).parent_id
+            return False
+
+        tops = [v for v in ids if doc.has_variant(v) and not has_chosen_ancestor(v)]
+        if not tops:
+            return
+        with doc.history.group(f"Delete {len(tops)} variants" if len(tops) > 1 else
+                               "Delete variant"):
+            for vid in tops:
+                doc.history.push(DeleteVariant(vid))
+
+    def start_rename(self) -> None:
+        """Opens the name editor of the current variant in the tree."""
+        vid = self.current_id()
+        if vid:
+            self.variants.view.edit(self.variant_model.index_for(vid))
+
+    def rename(self, variant_id: str, name: str) -> None:
+        """Renames a variant (undoable)."""
+        if self.document.variant(variant_id).name != name:
+            self.document.history.push(RenameVariant(variant_id, name))
+
+    def toggle_star(self) -> None:
+        """Stars the selected variants, or un-stars them when all are starred."""
+        ids = self.selected_ids()
+        if not ids:
+            return
+        doc = self.document
+        star = not all(doc.variant(v).starred for v in ids)
+        with doc.history.group("Star" if star else "Unstar"):
+            for vid in ids:
+                if doc.variant(vid).starred != star:
+                    doc.history.push(StarVariant(vid, star))
+
+    def add_selected_to_timeline(self) -> list[str]:
+        """Appends the selected variants to the timeline."""
+        ids = self.selected_ids()
+        if not ids:
+            return []
+        shots = self.timeline.add_variants(ids)
+        self.docks["timelineDock"].show()
+        return shots
+
+    def compare_selected(self) -> bool:
+        """Shows the selected variants in the compare view."""
+        if self.compare.set_variants(self.selected_ids()):
+            self.tabs.setCurrentWidget(self.compare)
+            return True
+        return False
+
+    # -- playback ---------------------------------------------------------------------------
+    def toggle_play(self) -> None:
+        """Play/pause the video on the active tab."""
+        self._active_player().toggle()
+
+    def step_frame(self, delta: int) -> None:
+        """Steps the video on the active tab by ``delta`` frames."""
+        self._active_player().step(delta)
+
+    # -- exports ----------------------------------------------------------------------------
+    def copy_settings(self) -> None:
+        """Copies the current variant's request JSON to the clipboard."""
+        vid = self.current_id()
+        if vid:
+            QGuiApplication.clipboard().setText(settings_text(self.document, vid))
+            self.notify("Settings copied (request JSON).")
+
+    def ask_export_variant(self) -> None:
+        """Asks where to export the current variant's result."""
+        vid = self.current_id()
+        if vid is None:
+            return
+        suffix = default_suffix(self.document, vid)
+        filters = ("PNG image (*.png)" if suffix == ".png" else
+                   "MP4 video (*.mp4);;GIF animation (*.gif);;WebP animation (*.webp)")
+        name = f"{variant_label(self.document.variant(vid))[:40]}{suffix}".replace("/", "_")
+        path, _ = QFileDialog.getSaveFileName(self, "Export result", name, filters)
+        if path:
+            self.spawn(self.export_variant(vid, path))
+
+    async def export_variant(self, variant_id: str, path: str | Path) -> Path:
+        """Exports a variant's result with its request embedded."""
+        out = await export_variant(self.document, self.media, self.background, variant_id,
+                                   path)
+        self.notify(f"Exported {out}")
+        return out
+
+    def ask_contact_sheet(self) -> None:
+        """Asks where to write a contact sheet of the selected variants."""
+        ids = self.selected_ids()
+        path, _ = QFileDialog.getSaveFileName(self, "Contact sheet", "contact-sheet.png",
+                                              "PNG image (*.png)")
+        if path:
+            if not path.lower().endswith(".png"):
+                path += ".png"
+            self.spawn(self.export_contact_sheet(ids, path))
+
+    async def export_contact_sheet(self, ids: Sequence[str], path: str | Path) -> Path:
+        """Writes a labelled grid of the variants' results."""
+        out = await export_contact_sheet(self.document, self.media, self.background, ids, path)
+        self.notify(f"Contact sheet written to {out}")
+        return out
+
+    # -- settings and projects --------------------------------------------------------------
+    def open_settings(self) -> None:
+        """Shows the Settings dialog and applies it (the engine restarts when idle)."""
+        dialog = SettingsDialog(self.settings, self)
+        if dialog.exec():
+            dialog.apply()
+            self.apply_settings()
+
+    def apply_settings(self) -> None:
+        """Re-reads the model folders and hands the new engine settings to the controller."""
+        self.registry = ModelRegistry(self.settings.model_folders)
+        self.params.set_models(self.registry.list(), self.registry.content_hash)
+        self.spawn(self.controller.reconfigure(self.settings.worker_config()))
+
+    def ask_open_project(self) -> None:
+        """Asks for a project folder (an empty folder makes a new project) and switches."""
+        folder = QFileDialog.getExistingDirectory(self, "Open or create a project",
+                                                  str(self.project.folder.parent))
+        if folder:
+            self.next_project = Path(folder)
+            self.close()

@@ -1,0 +1,163 @@
+"""Application settings (QSettings) and the Settings dialog.
+
+Kept across restarts: model folders, device (auto/cpu/cuda), memory budget, the window's
+geometry and dock layout, the last project. Model folders and the device are passed to the
+engine's :class:`~studio.engine.worker.WorkerConfig`; the memory budget is stored for the
+engine's memory planner (the current engine does not take a budget yet).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QByteArray, QSettings
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QListWidget,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from studio.engine.worker import WorkerConfig
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class AppSettings:
+    """Typed access to the studio's QSettings.
+
+    Args:
+        settings: the store (tests pass an INI file in a temporary folder).
+    """
+
+    def __init__(self, settings: QSettings) -> None:
+        self.qsettings = settings
+
+    def _get(self, key: str, default: Any) -> Any:
+        value = self.qsettings.value(key, default)
+        return default if value is None else value
+
+    @property
+    def model_folders(self) -> list[str]:
+        """Folders whose sub-folders are diffusers models."""
+        value = self._get("engine/model_folders", [])
+        if isinstance(value, str):
+            value = [value] if value else []
+        return [str(v) for v in value if str(v)]
+
+    @model_folders.setter
+    def model_folders(self, folders: list[str]) -> None:
+        self.qsettings.setValue("engine/model_folders", list(folders))
+
+    @property
+    def device(self) -> str:
+        """``auto``, ``cpu`` or ``cuda``."""
+        value = str(self._get("engine/device", "auto"))
+        return value if value in DEVICES else "auto"
+
+    @device.setter
+    def device(self, device: str) -> None:
+        if device not in DEVICES:
+            raise ValueError(f"device: expected one of {DEVICES}, got {device!r}")
+        self.qsettings.setValue("engine/device", device)
+
+    @property
+    def memory_budget_gb(self) -> float:
+        """Device memory the engine may use, in GiB (0 = automatic)."""
+        try:
+            return max(0.0, float(self._get("engine/memory_budget_gb", 0.0)))
+        except (TypeError, ValueError):
+            return 0.0
+
+    @memory_budget_gb.setter
+    def memory_budget_gb(self, value: float) -> None:
+        self.qsettings.setValue("engine/memory_budget_gb", float(value))
+
+    @property
+    def last_project(self) -> str:
+        """The folder of the project opened last ("" if none)."""
+        return str(self._get("app/last_project", ""))
+
+    @last_project.setter
+    def last_project(self, folder: str) -> None:
+        self.qsettings.setValue("app/last_project", str(folder))
+
+    def window_state(self) -> tuple[QByteArray | None, QByteArray | None]:
+        """(geometry, dock state) saved by :meth:`save_window_state`."""
+        geometry = self.qsettings.value("window/geometry")
+        state = self.qsettings.value("window/state")
+        return (geometry if isinstance(geometry, QByteArray) else None,
+                state if isinstance(state, QByteArray) else None)
+
+    def save_window_state(self, geometry: QByteArray, state: QByteArray) -> None:
+        """Stores the main window's geometry and dock layout."""
+        self.qsettings.setValue("window/geometry", geometry)
+        self.qsettings.setValue("window/state", state)
+        self.qsettings.sync()
+
+    def worker_config(self) -> WorkerConfig:
+        """The engine configuration these settings describe."""
+        return WorkerConfig(model_folders=tuple(self.model_folders), device=self.device)
+
+
+class SettingsDialog(QDialog):
+    """Edits model folders, device and memory budget; :meth:`apply` writes them."""
+
+    def __init__(self, settings: AppSettings, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Settings")
+        self.settings = settings
+        self.folders = QListWidget()
+        self.folders.addItems(settings.model_folders)
+        add = QPushButton("Add folder…")
+        remove = QPushButton("Remove")
+        add.clicked.connect(self._add_folder)
+        remove.clicked.connect(lambda: [self.folders.takeItem(self.folders.row(i))
+                                        for i in self.folders.selectedItems()])
+        folder_buttons = QHBoxLayout()
+        folder_buttons.addWidget(add)
+        folder_buttons.addWidget(remove)
+        folder_buttons.addStretch(1)
+        folder_box = QWidget()
+        fl = QVBoxLayout(folder_box)
+        fl.setContentsMargins(0, 0, 0, 0)
+        fl.addWidget(self.folders)
+        fl.addLayout(folder_buttons)
+        self.device = QComboBox()
+        self.device.addItems(DEVICES)
+        self.device.setCurrentText(settings.device)
+        self.memory = QDoubleSpinBox(minimum=0.0, maximum=4096.0, decimals=1, suffix=" GiB",
+                                     specialValueText="automatic")
+        self.memory.setValue(settings.memory_budget_gb)
+        form = QFormLayout()
+        form.addRow("Model folders", folder_box)
+        form.addRow("Device", self.device)
+        form.addRow("Memory budget", self.memory)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
+                                   | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(buttons)
+
+    def _add_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Model folder", str(Path.home()))
+        if folder:
+            self.folders.addItem(folder)
+
+    def apply(self) -> None:
+        """Writes the dialog's values to the settings."""
+        self.settings.model_folders = [self.folders.item(i).text()
+                                       for i in range(self.folders.count())]
+        self.settings.device = self.device.currentText()
+        self.settings.memory_budget_gb = self.memory.value()
+        self.settings.qsettings.sync()
