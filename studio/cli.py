@@ -292,7 +292,32 @@ def cmd_render(args) -> int:
           f"{t['load']:.2f}s, denoise {t['denoise']:.2f}s, decode {t['decode']:.2f}s)")
     for note in event.notes:
         print(f"note: {note}", file=sys.stderr)
+    if args.from_file:
+        print(compare_with_original(args.from_file, path, event.environment))
     return EXIT_OK
+
+
+def compare_with_original(original: str, new: Path, environment: dict) -> str:
+    """How a re-run compares with the file it was reproduced from: identical, or the PSNR and
+    what of the environment differs (a different device or library version explains it)."""
+    import numpy as np
+
+    from studio.store.export import read_frames, read_metadata
+
+    a, b = read_frames(original), read_frames(new)
+    if a.shape != b.shape:
+        return f"reproduced {original}: different shape {a.shape} -> {b.shape}"
+    diff = np.abs(a.astype(np.int16) - b.astype(np.int16))
+    if not diff.any():
+        return f"reproduced {original}: identical pixels"
+    mse = float((diff.astype(np.float64) ** 2).mean())
+    psnr = 10 * np.log10(255.0**2 / mse)
+    env = read_metadata(original).get("environment", {})
+    changed = [f"{k}: {env.get(k)} -> {environment.get(k)}" for k in sorted(environment)
+               if env.get(k) != environment.get(k)]
+    why = "; ".join(changed) or "same recorded environment"
+    return (f"reproduced {original}: pixels differ (max {int(diff.max())}/255, PSNR "
+            f"{psnr:.1f} dB; {why})")
 
 
 def cmd_models(args) -> int:

@@ -66,7 +66,8 @@ def test_png_and_mp4_carry_a_request_that_reproduces_them(tmp_path, home):
 
     # case 003: the metadata alone re-runs the request to the same pixels
     for src, dst in ((png, tmp_path / "again.png"), (mp4, tmp_path / "again.mp4")):
-        studio("render", "--from", src, "--out", dst, home=home)
+        proc = studio("render", "--from", src, "--out", dst, home=home)
+        assert "identical pixels" in proc.stdout
         assert read_metadata(dst)["request"] == read_metadata(src)["request"]
         assert np.array_equal(read_frames(src), read_frames(dst))
 

@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m bench <name>``. Results go to bench/results/ with the command."""
