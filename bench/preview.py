@@ -33,14 +33,11 @@ def measure(model: str, size: int, frames: int, runs: int, steps: int) -> dict:
     preview_s: list[float] = []
     step_s: list[float] = []
     for _ in range(runs):
-        marks = [time.perf_counter()]
-
         def on_step(i, n, latents):
             t0 = time.perf_counter()
             img = runner.preview(latents)
             preview_s.append(time.perf_counter() - t0)
             assert img.dtype == np.uint8 and max(img.shape[:2]) <= 256
-            marks.append(time.perf_counter())
 
         out = runner.run(req, {}, on_step)
         denoise = out.timings["denoise"]
