@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QImage
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,9 @@ class Background(QObject):
     def __init__(self, workers: int = 2, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, "studio-ui")
-        self._finished.connect(self._deliver)
+        # Always queued: a result is delivered on a later turn of the event loop, never inside
+        # submit() (a future that is already done runs its callback at once).
+        self._finished.connect(self._deliver, Qt.ConnectionType.QueuedConnection)
         self._closed = False
 
     def submit(
