@@ -3,7 +3,7 @@
 import importlib
 import sys
 
-BENCHMARKS = {"preview": "bench.preview"}
+BENCHMARKS = {"preview": "bench.preview", "gpu-kernels": "bench.gpu.kernels"}
 
 
 def main() -> int:

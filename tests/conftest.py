@@ -10,6 +10,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# Kernel tests run Triton's interpreter on the CPU; it must be chosen before triton is first
+# imported (anything importing torch._inductor may import it), so it is set here, first.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 DATA = Path(__file__).parent / "data"
 CASES = DATA / "cases"

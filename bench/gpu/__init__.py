@@ -1,0 +1,1 @@
+"""Benchmarks that need the GPU machine (see shared/notes/gpu-machine.md)."""

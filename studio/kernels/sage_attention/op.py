@@ -1,0 +1,172 @@
+"""SageAttention forward: checks, quantization, launch, ``studio::sage_attention_fwd``, fallback.
+
+Public entry point: :func:`sage_attention`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import torch
+
+from .. import _runtime as rt
+from ..attention.op import check_inputs as check_attention_inputs
+from .reference import (
+    pv_dtype_for,
+    quantize_qk,
+    quantize_v_fp8,
+    sage_attention_reference,
+)
+
+try:  # Triton is optional: without it the torch emulation runs.
+    from . import kernel as _kernel
+except ImportError:  # pragma: no cover - depends on the installation
+    _kernel = None
+
+OP = "sage_attention"
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+HEAD_DIMS = (32, 64, 128)
+BLOCK_SIZES = (16, 32, 64, 128)
+FP8_MIN_CAPABILITY = (8, 9)
+
+#: Launches since import, by path ("triton" or "reference"); tests read it.
+LAUNCHES: Counter[str] = Counter()
+
+
+def device_supports_fp8(device: torch.device) -> bool:
+    """True on CUDA devices of compute capability >= 8.9 (Ada, Hopper, Blackwell)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= FP8_MIN_CAPABILITY
+
+
+def fallback_reason(q: torch.Tensor) -> str | None:
+    """Why this call runs the torch emulation instead of Triton; None when Triton runs."""
+    reason = rt.triton_blocker(_kernel, "sage_attention_fwd_kernel", q.device)
+    if reason is not None:
+        return reason
+    if q.dtype not in SUPPORTED_DTYPES:
+        return f"dtype {rt.dtype_name(q.dtype)} (Triton path: float16, bfloat16, float32)"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"head_dim {q.shape[-1]} (Triton path: {', '.join(map(str, HEAD_DIMS))})"
+    return None
+
+
+def _launch(q, k, v, kv_lengths, scale, pv_fp8, block_m, block_n, out, lse) -> None:
+    batch, heads, seq_q, head_dim = q.shape
+    seq_k = k.shape[2]
+    q_int8, q_scales, k_int8, k_scales = quantize_qk(q, k, scale, block_m, block_n)
+    if pv_fp8:
+        v_fp8, v_scales = quantize_v_fp8(v)
+        # Stored (batch, heads, head_dim, seq_k) so the fp8 operand is K-major (wgmma wants it).
+        v_op = v_fp8.transpose(-1, -2).contiguous().transpose(-1, -2)
+    else:
+        v_op = v.to(pv_dtype_for(q.dtype))
+        v_scales = q_scales  # unused by the kernel when PV_FP8 is False
+    interpreted = rt.is_interpreted(_kernel.sage_attention_fwd_kernel)
+    big = head_dim == 128 and not interpreted
+    grid = (q_scales.shape[2], batch * heads)
+    _kernel.sage_attention_fwd_kernel[grid](
+        q_int8, k_int8, v_op, q_scales, k_scales, v_scales, out, lse,
+        kv_lengths if kv_lengths is not None else q_scales,
+        q_int8.stride(0), q_int8.stride(1), q_int8.stride(2),
+        k_int8.stride(0), k_int8.stride(1), k_int8.stride(2),
+        v_op.stride(0), v_op.stride(1), v_op.stride(2), v_op.stride(3),
+        out.stride(0), out.stride(1), out.stride(2),
+        heads, seq_q, seq_k, q_scales.shape[2], k_scales.shape[2],
+        HAS_KV_LEN=kv_lengths is not None,
+        HEAD_DIM=head_dim,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        PV_FP8=pv_fp8,
+        DOT_IN_FP32=interpreted and v_op.dtype == torch.bfloat16,
+        num_warps=8 if big and block_m >= 128 else 4,
+        num_stages=3 if not interpreted else 1,
+    )
+
+
+@torch.library.custom_op("studio::sage_attention_fwd", mutates_args=("out", "lse"))
+def sage_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       kv_lengths: torch.Tensor | None, scale: float, pv_fp8: bool,
+                       block_m: int, block_n: int, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Custom op behind :func:`sage_attention`: writes ``out`` and ``lse`` in place."""
+    if q.numel() == 0:
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return
+    reason = fallback_reason(q)
+    if reason is not None:
+        rt.log_fallback_once(OP, reason)
+        LAUNCHES["reference"] += 1
+        ref_out, ref_lse = sage_attention_reference(q, k, v, kv_lengths, scale, pv_fp8,
+                                                    block_m, block_n)
+        out.copy_(ref_out)
+        lse.copy_(ref_lse)
+        return
+    LAUNCHES["triton"] += 1
+    _launch(q, k, v, kv_lengths, scale, pv_fp8, block_m, block_n, out, lse)
+
+
+@sage_attention_fwd.register_fake
+def _sage_attention_fwd_fake(q, k, v, kv_lengths, scale, pv_fp8, block_m, block_n, out,
+                             lse) -> None:
+    return None
+
+
+def sage_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                   kv_lengths: torch.Tensor | None = None, scale: float | None = None,
+                   pv_fp8: bool | None = None, block_m: int = 128, block_n: int = 64,
+                   out: torch.Tensor | None = None,
+                   lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Low-precision attention after SageAttention (Zhang et al., ICLR 2025) and, for the fp8
+    P·V, SageAttention2 (Zhang et al., ICML 2025).
+
+    K is smoothed (its mean over tokens subtracted per batch/head/channel), Q (times
+    scale·log2 e) and K are quantized to int8 with one scale per ``block_m`` rows of Q and per
+    ``block_n`` rows of K, Q·Kᵀ runs on int8 with int32 accumulation and is dequantized by the
+    two block scales, the softmax is online in fp32, and P·V runs in fp8 e4m3 (P scaled by 448,
+    V per channel) or in 16-bit (the input's dtype; float16 for float32 inputs), accumulated in
+    fp32.
+
+    Args:
+        q, k, v, kv_lengths, scale, out, lse: as :func:`studio.kernels.attention.attention`
+            (q, k, v: (batch, heads, seq, head_dim); kv_lengths (batch,) int32).
+        pv_fp8: P·V in fp8; None picks it when the device supports fp8 (CUDA compute
+            capability >= 8.9). True on an older CUDA device raises ValueError.
+        block_m, block_n: quantization blocks = kernel tiles, each one of 16, 32, 64, 128.
+
+    Returns:
+        (out like q in q's dtype, lse (batch, heads, seq_q) float32 of the dequantized scores).
+
+    Raises:
+        ValueError: malformed inputs (see :func:`attention`), a block size outside
+            16/32/64/128, or pv_fp8=True on a CUDA device without fp8.
+
+    Runs the torch emulation (:func:`sage_attention_reference`, logged once) when Triton
+    cannot: no Triton, CPU tensors without TRITON_INTERPRET=1, float64, other head dims.
+    """
+    check_attention_inputs(q, k, v, kv_lengths)
+    for name, value in (("block_m", block_m), ("block_n", block_n)):
+        if value not in BLOCK_SIZES:
+            raise ValueError(f"{name} must be one of {', '.join(map(str, BLOCK_SIZES))}, "
+                             f"got {value!r}")
+    if pv_fp8 is None:
+        pv_fp8 = device_supports_fp8(q.device)
+    elif pv_fp8 and q.device.type == "cuda" and not device_supports_fp8(q.device):
+        cap = torch.cuda.get_device_capability(q.device)
+        raise ValueError(f"pv_fp8=True needs CUDA compute capability >= 8.9, this device has "
+                         f"{cap[0]}.{cap[1]}; use pv_fp8=False or None")
+    batch, heads, seq_q, head_dim = q.shape
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    if out is None:
+        out = torch.empty_like(q)
+    else:
+        rt.check_out("out", out, tuple(q.shape), q.dtype, q.device)
+    if lse is None:
+        lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
+    else:
+        rt.check_out("lse", lse, (batch, heads, seq_q), torch.float32, q.device)
+        if not lse.is_contiguous():
+            raise ValueError("lse must be contiguous")
+    torch.ops.studio.sage_attention_fwd(q, k, v, kv_lengths, scale, bool(pv_fp8), block_m,
+                                        block_n, out, lse)
+    return out, lse

@@ -1,0 +1,120 @@
+"""studio.kernels.sage_attention under Triton's interpreter: quality against float32 SDPA on
+keys with a per-channel offset (as real models have), agreement with the torch emulation,
+NaN-poisoned outputs, the fp8 P·V path, quantizers, input checks and torch.library."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from studio.kernels.sage_attention import LAUNCHES, sage_attention, sage_attention_reference
+from studio.kernels.sage_attention.op import sage_attention_fwd
+from studio.kernels.sage_attention.reference import (
+    quantize_per_block,
+    quantize_v_fp8,
+    smooth_k,
+)
+
+from .helpers import launches, poisoned, quality
+
+
+def qkv(batch, heads, seq_q, seq_k, head_dim, dtype, seed=0):
+    """Random q, k, v; k carries a large per-channel mean, the outlier SageAttention smooths."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, seq_q, head_dim, generator=g)
+    offset = 4.0 * torch.randn(1, heads, 1, head_dim, generator=g)
+    k = torch.randn(batch, heads, seq_k, head_dim, generator=g) + offset
+    v = torch.randn(batch, heads, seq_k, head_dim, generator=g)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def sdpa_fp32(q, k, v, kv_lengths=None):
+    mask = None
+    if kv_lengths is not None:
+        mask = (torch.arange(k.shape[2])[None, :] < kv_lengths[:, None].long())[:, None, None]
+    return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+
+
+@pytest.mark.parametrize("dtype,head_dim,block_m,block_n", [
+    (torch.float32, 64, 32, 32),
+    (torch.float16, 128, 64, 32),
+    (torch.float16, 32, 128, 64),  # the default blocks
+    (torch.bfloat16, 64, 32, 64),
+], ids=str)
+def test_16bit_pv_quality_against_fp32_sdpa(dtype, head_dim, block_m, block_n):
+    q, k, v = qkv(2, 3, 129, 77, head_dim, dtype)
+    kv_lengths = torch.tensor([77, 50], dtype=torch.int32)
+    out, lse = poisoned(q.shape, dtype), poisoned((2, 3, 129))
+    with launches(LAUNCHES):
+        sage_attention(q, k, v, kv_lengths=kv_lengths, pv_fp8=False, block_m=block_m,
+                       block_n=block_n, out=out, lse=lse)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    cos, rel_l1 = quality(out, sdpa_fp32(q, k, v, kv_lengths))
+    assert cos >= 0.999 and rel_l1 <= 0.02, (cos, rel_l1)
+    # ...and the kernel does what its torch emulation does (up to the running-max rounding).
+    emu_out, emu_lse = sage_attention_reference(q, k, v, kv_lengths, None, False, block_m,
+                                                block_n)
+    cos, rel_l1 = quality(out, emu_out)
+    assert cos >= 0.99999 and rel_l1 <= (1e-2 if dtype == torch.bfloat16 else 1e-3)
+    torch.testing.assert_close(lse, emu_lse, atol=1e-4, rtol=1e-5)
+
+
+def test_fp8_pv_runs_within_fp8_tolerance():
+    # The interpreter's fp8 rounding is not torch's (shared/notes/triton-interpreter-probe.md):
+    # only an fp8-level bound here; the GPU benchmark measures the real quality.
+    q, k, v = qkv(2, 3, 129, 77, 64, torch.float16, seed=1)
+    out = poisoned(q.shape, torch.float16)
+    with launches(LAUNCHES):
+        sage_attention(q, k, v, pv_fp8=True, block_m=64, block_n=32, out=out)
+    assert not torch.isnan(out).any()
+    expected = sdpa_fp32(q, k, v)
+    cos, rel_l1 = quality(out, expected)
+    assert cos >= 0.99 and rel_l1 <= 0.08, (cos, rel_l1)
+    cos, rel_l1 = quality(sage_attention_reference(q, k, v, pv_fp8=True)[0], expected)
+    assert cos >= 0.998 and rel_l1 <= 0.05, (cos, rel_l1)  # the recipe itself, in torch
+
+
+def test_smoothing_k_is_what_makes_int8_accurate():
+    q, k, v = qkv(1, 2, 64, 64, 64, torch.float32, seed=2)
+    exact = sdpa_fp32(q, k, v)
+    smoothed = quality(sage_attention_reference(q, k, v, block_m=64, block_n=64)[0], exact)
+    # Without smoothing the offset channel takes the int8 range (one block: seq = 64).
+    q8, qs = quantize_per_block(q * 64 ** -0.5, 64)
+    k8, ks = quantize_per_block(k, 64)
+    raw = F.scaled_dot_product_attention(q8.float() * qs[..., None],
+                                         k8.float() * ks[..., None], v, scale=1.0)
+    assert smoothed[1] < quality(raw, exact)[1]
+    assert smoothed[0] >= 0.9995
+
+
+def test_quantizers():
+    x = torch.randn(2, 3, 70, 32) * torch.linspace(0.1, 10, 70)[:, None]
+    x8, scales = quantize_per_block(x, 32)
+    assert x8.dtype == torch.int8 and scales.shape == (2, 3, 3)
+    per_token = scales.repeat_interleave(32, dim=2)[:, :, :70, None]
+    assert ((x8.float() * per_token - x).abs() <= per_token / 2 + 1e-6).all()
+    assert x8.abs().amax() == 127
+    ks = smooth_k(x)
+    torch.testing.assert_close(ks.mean(dim=2), torch.zeros(2, 3, 32), atol=1e-5, rtol=0)
+    v8, v_scales = quantize_v_fp8(x)
+    assert v8.dtype == torch.float8_e4m3fn and v_scales.shape == (2, 3, 32)
+    cos, _ = quality(v8.float() * v_scales[:, :, None, :], x)
+    assert cos > 0.999
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(block_m=48), r"^block_m must be one of 16, 32, 64, 128, got 48"),
+    (dict(block_n=256), r"^block_n must be one of 16, 32, 64, 128, got 256"),
+    (dict(kv_lengths=torch.tensor([3, 4])), r"^kv_lengths\.dtype must be int32"),
+])
+def test_input_checks_name_the_argument(kwargs, match):
+    q, k, v = qkv(2, 1, 8, 8, 32, torch.float16)
+    with pytest.raises(ValueError, match=match):
+        sage_attention(q, k, v, **kwargs)
+
+
+def test_custom_op_passes_opcheck():
+    q, k, v = qkv(1, 2, 20, 24, 32, torch.float16)
+    out, lse = torch.empty_like(q), torch.empty(1, 2, 20)
+    torch.library.opcheck(sage_attention_fwd, (q, k, v, None, 0.2, False, 16, 16, out, lse))
