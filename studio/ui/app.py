@@ -67,10 +67,25 @@ async def run_studio(settings, folder: Path, engine_factory=None) -> int:
             await closed
         finally:
             next_folder = window.next_project
+            if window.isVisible():  # cancelled (Ctrl+C): still save the layout
+                window.close()
             await window.shutdown()
             project.close()
-            window.deleteLater()
+            dispose(window)
     return 0
+
+
+def dispose(widget) -> None:
+    """Deletes a widget now, on the GUI thread.
+
+    A Python-owned window left to ``deleteLater`` can instead be freed by Python's cyclic
+    garbage collector first, on whatever thread it runs (an engine or worker thread); Qt
+    objects destroyed off their thread corrupt Qt's state.
+    """
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    widget.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
 
 
 def _setup_logging() -> None:
@@ -88,7 +103,7 @@ def _setup_logging() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Runs the studio window; returns the exit code."""
     import qasync
-    from PySide6.QtCore import QSettings
+    from PySide6.QtCore import QSettings, QTimer
     from PySide6.QtWidgets import QApplication
 
     from studio.ui.settings import AppSettings
@@ -106,5 +121,16 @@ def main(argv: list[str] | None = None) -> int:
     app.setQuitOnLastWindowClosed(False)  # the coroutine below decides when to stop
     settings = AppSettings(QSettings())
     folder = Path(args.project or settings.last_project or DEFAULT_PROJECT).expanduser()
-    with asyncio.Runner(loop_factory=lambda: qasync.QEventLoop(app)) as runner:
-        return runner.run(run_studio(settings, folder))
+    # Python runs signal handlers only between bytecodes; while Qt waits in C++ a Ctrl+C would
+    # wait for the next event. An idle tick lets the Runner's handler cancel the session, which
+    # then closes the engine and the project in order.
+    tick = QTimer()
+    tick.timeout.connect(lambda: None)
+    tick.start(250)
+    try:
+        with asyncio.Runner(loop_factory=lambda: qasync.QEventLoop(app)) as runner:
+            return runner.run(run_studio(settings, folder))
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        tick.stop()

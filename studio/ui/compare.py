@@ -21,8 +21,10 @@ from PySide6.QtWidgets import (
     QComboBox,
     QGridLayout,
     QHBoxLayout,
+    QHeaderView,
     QLabel,
     QPushButton,
+    QSizePolicy,
     QSlider,
     QSplitter,
     QStackedWidget,
@@ -89,6 +91,7 @@ class CompareView(QWidget):
         self.fit_button = QPushButton("Fit")
         self.actual_button = QPushButton("100%")
         self.title = QLabel("Select 2 to 4 variants and choose Compare.")
+        self.title.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         top = QHBoxLayout()
         top.addWidget(self.mode_combo)
         top.addWidget(self.fit_button)
@@ -97,6 +100,8 @@ class CompareView(QWidget):
 
         self.views = [ImageView() for _ in range(MAX_COMPARE)]
         self.labels = [QLabel("") for _ in range(MAX_COMPARE)]
+        for label in self.labels:
+            label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         grid_page = QWidget()
         self._grid = QGridLayout(grid_page)
         self._grid.setContentsMargins(0, 0, 0, 0)
@@ -119,6 +124,7 @@ class CompareView(QWidget):
         wl.addWidget(self.wipe_slider)
         self.diff_view = ImageView()
         self.diff_label = QLabel("")
+        self.diff_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         diff_page = QWidget()
         dl = QVBoxLayout(diff_page)
         dl.setContentsMargins(0, 0, 0, 0)
@@ -131,6 +137,7 @@ class CompareView(QWidget):
         self.controls = PlayerControls(self.player)
         self.table = QTableWidget(0, 0)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         upper = QWidget()
         ul = QVBoxLayout(upper)
         ul.setContentsMargins(0, 0, 0, 0)

@@ -22,21 +22,19 @@ from typing import Any
 
 import numpy as np
 from PySide6.QtCore import QSettings, Qt, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QImage, QKeySequence, QShowEvent
+from PySide6.QtGui import QCloseEvent, QGuiApplication, QImage, QShowEvent
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
     QFileDialog,
     QLabel,
     QMainWindow,
-    QMenu,
     QTabWidget,
     QWidget,
 )
 
 from studio.core.commands import AddVariant, DeleteVariant, RenameVariant, StarVariant
 from studio.core.document import (
-    HISTORY_CHANGED,
     PENDING,
     QUEUE_CHANGED,
     RETRYABLE,
@@ -47,6 +45,7 @@ from studio.core.document import (
 from studio.core.request import GenerationRequest, MediaRef
 from studio.engine.models.registry import ModelRegistry
 from studio.store.project import Project
+from studio.ui.actions import create_actions, create_menus, popup_variant_menu
 from studio.ui.background import Background
 from studio.ui.canvas import Canvas
 from studio.ui.compare import CompareView
@@ -81,6 +80,9 @@ class MainWindow(QMainWindow):
             configured from the settings.
         registry: where models are listed (default: from the settings' model folders).
 
+    Actions: one QAction per command, ``window.<name>_action`` (``generate_action``,
+    ``undo_action``, ``delete_action``, ...), made from the tables in :mod:`studio.ui.actions`.
+
     Signals:
         closed(): the window was closed; call :meth:`shutdown` next.
     """
@@ -113,8 +115,8 @@ class MainWindow(QMainWindow):
                                            config=self.settings.worker_config(),
                                            engine_factory=engine_factory, parent=self)
         self._build_views()
-        self._build_actions()
-        self._build_menus()
+        create_actions(self)
+        create_menus(self)
         self._wire()
         self.params.set_models(self.registry.list(), self.registry.content_hash)
         self._unsubscribe = self.document.subscribe(self._on_document)
@@ -144,7 +146,7 @@ class MainWindow(QMainWindow):
             ("queueDock", "Queue", self.queue, Qt.DockWidgetArea.RightDockWidgetArea),
             ("timelineDock", "Timeline", self.timeline, Qt.DockWidgetArea.BottomDockWidgetArea),
         ):
-            dock = QDockWidget(title.replace("&&", "&"), self)
+            dock = QDockWidget(title, self)  # "&&": a dock title takes "&" as a mnemonic
             dock.setObjectName(name)
             dock.setWidget(widget)
             self.addDockWidget(area, dock)
@@ -152,98 +154,20 @@ class MainWindow(QMainWindow):
         self.queue_status = QLabel("")
         self.statusBar().addPermanentWidget(self.queue_status)
         self.resize(1400, 900)
-
-    def _action(self, text: str, slot: Callable[[], Any], shortcut: Any = None,
-                tip: str = "") -> QAction:
-        action = QAction(text, self)
-        if shortcut is not None:
-            shortcuts = shortcut if isinstance(shortcut, list) else [shortcut]
-            action.setShortcuts([QKeySequence(s) for s in shortcuts])
-        if tip:
-            action.setToolTip(tip)
-            action.setStatusTip(tip)
-        action.triggered.connect(lambda *_: self._guard(slot))
-        self.addAction(action)
-        return action
-
-    def _build_actions(self) -> None:
-        a = self._action
-        self.generate_action = a("Generate", self.generate, ["Ctrl+Return", "Ctrl+Enter"],
-                                 "Queue the settings as new variants")
-        self.undo_action = a("Undo", self.undo, QKeySequence.StandardKey.Undo)
-        self.redo_action = a("Redo", self.redo, ["Ctrl+Shift+Z", "Ctrl+Y"])
-        self.delete_action = a("Delete", self.delete, QKeySequence.StandardKey.Delete,
-                               "Delete the selected variants (and their branches)")
-        self.rename_action = a("Rename…", self.start_rename, "F2")
-        self.star_action = a("Star / unstar", self.toggle_star)
-        self.branch_action = a("Branch from here", self.branch_from_current,
-                               tip="Prefill the settings from this variant; new results "
-                                   "become its children")
-        self.use_init_action = a("Use as init image", lambda: self.use_as_input("init_image"))
-        self.use_first_action = a("Use as first frame",
-                                  lambda: self.use_as_input("first_frame"))
-        self.use_reference_action = a("Add as reference",
-                                      lambda: self.use_as_input("references"))
-        self.add_shot_action = a("Add to timeline", self.add_selected_to_timeline)
-        self.compare_action = a("Compare selected", self.compare_selected)
-        self.export_action = a("Export result…", self.ask_export_variant, "Ctrl+E")
-        self.contact_sheet_action = a("Export contact sheet…", self.ask_contact_sheet)
-        self.storyboard_action = a("Export storyboard MP4…", self.timeline._ask_export)
-        self.copy_settings_action = a("Copy settings", self.copy_settings, "Ctrl+Shift+C",
-                                      "Copy the request JSON to the clipboard")
-        self.reproduce_action = a("Reproduce", self.reproduce,
-                                  tip="Run the exact same request again as a new variant")
-        self.retry_action = a("Retry", self.retry_selected)
-        self.cancel_action = a("Cancel job", self.cancel_selected)
-        self.play_action = a("Play / pause", self.toggle_play, "Space")
-        self.prev_frame_action = a("Previous frame", lambda: self.step_frame(-1), "Left")
-        self.next_frame_action = a("Next frame", lambda: self.step_frame(1), "Right")
-        self.fit_action = a("Fit", lambda: self._active_view().fit(), "Ctrl+0")
-        self.actual_size_action = a("100%", lambda: self._active_view().actual_size(), "Ctrl+1")
-        self.paste_action = a("Paste image as input", self.canvas.paste,
-                              QKeySequence.StandardKey.Paste)
-        self.settings_action = a("Settings…", self.open_settings)
-        self.open_project_action = a("Open or create project…", self.ask_open_project,
-                                     QKeySequence.StandardKey.Open)
-        self.quit_action = a("Quit", self.close, QKeySequence.StandardKey.Quit)
-        for action in (self.play_action, self.prev_frame_action, self.next_frame_action):
-            action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
-        self.variants.add_tool(self.branch_action)
-        self.variants.add_tool(self.compare_action)
-        self.variants.add_tool(self.add_shot_action)
-        self.variants.toolbar.addStretch(1)
-
-    def _build_menus(self) -> None:
-        bar = self.menuBar()
-        file_menu = bar.addMenu("&File")
-        for action in (self.open_project_action, None, self.export_action,
-                       self.contact_sheet_action, self.storyboard_action, None,
-                       self.settings_action, None, self.quit_action):
-            file_menu.addSeparator() if action is None else file_menu.addAction(action)
-        edit = bar.addMenu("&Edit")
-        for action in (self.undo_action, self.redo_action, None, self.rename_action,
-                       self.star_action, self.delete_action, None, self.copy_settings_action,
-                       self.paste_action):
-            edit.addSeparator() if action is None else edit.addAction(action)
-        gen = bar.addMenu("&Generate")
-        for action in (self.generate_action, self.branch_action, self.reproduce_action, None,
-                       self.use_init_action, self.use_first_action, self.use_reference_action,
-                       None, self.retry_action, self.cancel_action):
-            gen.addSeparator() if action is None else gen.addAction(action)
-        view = bar.addMenu("&View")
-        for action in (self.compare_action, self.add_shot_action, None, self.fit_action,
-                       self.actual_size_action, None, self.play_action, self.prev_frame_action,
-                       self.next_frame_action, None):
-            view.addSeparator() if action is None else view.addAction(action)
-        for dock in self.docks.values():
-            view.addAction(dock.toggleViewAction())
+        # the default layout (a saved one replaces it when the window is shown)
+        self.resizeDocks([self.docks["timelineDock"]], [200], Qt.Orientation.Vertical)
+        self.resizeDocks([self.docks["paramsDock"], self.docks["variantsDock"]], [450, 360],
+                         Qt.Orientation.Horizontal)
+        self.resizeDocks([self.docks["variantsDock"], self.docks["queueDock"]], [520, 260],
+                         Qt.Orientation.Vertical)
 
     def _wire(self) -> None:
         self.params.generateRequested.connect(lambda: self._guard(self.generate))
         self.params.loadInputRequested.connect(self.ask_load_input)
         self.variants.currentChanged.connect(self._on_current_variant)
         self.variants.selectionChanged.connect(lambda *_: self._update_actions())
-        self.variants.view.customContextMenuRequested.connect(self._variant_menu)
+        self.variants.view.customContextMenuRequested.connect(
+            lambda pos: popup_variant_menu(self, pos))
         self.queue.activated.connect(lambda vid: vid and self.variants.select([vid]))
         self.canvas.inputOffered.connect(lambda source, name: self.import_input(source, name))
         self.controller.notice.connect(self.notify)
@@ -327,12 +251,14 @@ class MainWindow(QMainWindow):
             self.canvas.show_error(text)
             log.warning("%s", text)
 
-    def _active_view(self):
+    def active_view(self):
+        """The image view of the active tab (canvas, or the compare view's first)."""
         if self.tabs.currentWidget() is self.compare:
             return self.compare._active_views()[0]
         return self.canvas.view
 
-    def _active_player(self):
+    def active_player(self):
+        """The frame player of the active tab."""
         return self.compare.player if self.tabs.currentWidget() is self.compare \
             else self.canvas.player
 
@@ -356,8 +282,7 @@ class MainWindow(QMainWindow):
 
     def _on_document(self, events: Sequence[ChangeEvent]) -> None:
         kinds = {e.kind for e in events}
-        if kinds & {HISTORY_CHANGED, VARIANTS_CHANGED, QUEUE_CHANGED} or kinds:
-            self._update_actions()
+        self._update_actions()
         if kinds & {QUEUE_CHANGED, VARIANTS_CHANGED}:
             self._update_queue_status()
 
@@ -399,17 +324,6 @@ class MainWindow(QMainWindow):
             else:
                 text += " · starting"
         self.queue_status.setText(text)
-
-    def _variant_menu(self, pos: Any) -> None:
-        menu = QMenu(self)
-        for action in (self.branch_action, self.reproduce_action, None, self.use_init_action,
-                       self.use_first_action, self.use_reference_action, None,
-                       self.add_shot_action, self.compare_action, None, self.star_action,
-                       self.rename_action, self.delete_action, None, self.export_action,
-                       self.contact_sheet_action, self.copy_settings_action, None,
-                       self.retry_action, self.cancel_action):
-            menu.addSeparator() if action is None else menu.addAction(action)
-        menu.popup(self.variants.view.viewport().mapToGlobal(pos))
 
     # -- generating -------------------------------------------------------------------------
     def generate(self) -> list[str]:
@@ -619,11 +533,11 @@ class MainWindow(QMainWindow):
     # -- playback ---------------------------------------------------------------------------
     def toggle_play(self) -> None:
         """Play/pause the video on the active tab."""
-        self._active_player().toggle()
+        self.active_player().toggle()
 
     def step_frame(self, delta: int) -> None:
         """Steps the video on the active tab by ``delta`` frames."""
-        self._active_player().step(delta)
+        self.active_player().step(delta)
 
     # -- exports ----------------------------------------------------------------------------
     def copy_settings(self) -> None:

@@ -6,20 +6,21 @@ Generate stays disabled until there are none. Modes the model cannot run are dis
 mode list. Size presets (1:1, 16:9, 9:16, 4:5, 4:3, 3:4) keep about the model's default pixel
 count and are snapped to its spatial multiple (:func:`preset_size`).
 
+Presets and the input slot are in :mod:`studio.ui.param_widgets`.
+
 Seeds: with "Lock" on, Generate uses the seed shown; with it off, each Generate draws a new
 random seed first (and shows it). A batch of N makes N variants with consecutive seeds.
 """
 
 from __future__ import annotations
 
-import math
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 import numpy as np
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QImage, QPixmap, QStandardItemModel
+from PySide6.QtCore import Signal
+from PySide6.QtGui import QImage, QStandardItemModel
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -49,122 +50,11 @@ from studio.core.request import (
 )
 from studio.engine.models.registry import ModelEntry
 from studio.ui.background import Background, thumbnail_pixels, to_qimage
+from studio.ui.param_widgets import PRESETS, InputSlot, preset_size
 
-PRESETS: tuple[tuple[str, int, int], ...] = (
-    ("Square 1:1", 1, 1),
-    ("Landscape 16:9", 16, 9),
-    ("Portrait 9:16", 9, 16),
-    ("Portrait 4:5", 4, 5),
-    ("Landscape 4:3", 4, 3),
-    ("Portrait 3:4", 3, 4),
-)
 CUSTOM = "Custom"
 MAX_BATCH = 16
-INPUT_ROLES = {"i2i": "init_image", "i2v": "first_frame", "r2v": "references"}
 ERROR_STYLE = "color: #e0584f; font-size: 11px;"
-
-
-def preset_size(ratio_w: int, ratio_h: int, caps: ModelCapabilities) -> tuple[int, int]:
-    """A (width, height) of about the model's default pixel count at ratio_w:ratio_h.
-
-    Both sides are multiples of the model's spatial multiple and within its limits; among
-    the candidates the one closest in aspect ratio wins, then the one closest in area.
-    """
-    m = caps.spatial_multiple
-    lo = max(m, -(-caps.min_size // m) * m)
-    hi = max(lo, caps.max_size // m * m)
-    area = min(caps.default_width * caps.default_height, caps.max_pixels)
-    ratio = ratio_w / ratio_h
-    ideal_w = math.sqrt(area * ratio)
-    best: tuple[float, int, int] | None = None
-    base = round(ideal_w / m)
-    for k in range(max(1, base - 3), base + 4):
-        w = min(max(k * m, lo), hi)
-        h = min(max(round(w / ratio / m) * m, lo), hi)
-        if w * h > caps.max_pixels:
-            continue
-        score = abs(math.log((w / h) / ratio)) + 0.25 * abs(math.log(w * h / area))
-        if best is None or score < best[0]:
-            best = (score, w, h)
-    if best is None:
-        return lo, lo
-    return best[1], best[2]
-
-
-class InputSlot(QWidget):
-    """An input image (or a list of references): thumbnails, a name, Load and Clear.
-
-    Signals:
-        changed(): the inputs changed.
-        loadRequested(): the user asked to load a file into this slot.
-    """
-
-    changed = Signal()
-    loadRequested = Signal()
-
-    def __init__(self, multi: bool = False, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.multi = multi
-        self._items: list[tuple[MediaRef, QImage | None]] = []
-        self._thumbs = QHBoxLayout()
-        self._thumbs.setContentsMargins(0, 0, 0, 0)
-        self._name = QLabel("none — drop or paste an image on the canvas")
-        self._name.setWordWrap(True)
-        load = QToolButton(text="Load…")
-        clear = QToolButton(text="Clear")
-        load.clicked.connect(self.loadRequested)
-        clear.clicked.connect(self.clear)
-        row = QHBoxLayout()
-        row.setContentsMargins(0, 0, 0, 0)
-        row.addLayout(self._thumbs)
-        row.addWidget(self._name, 1)
-        row.addWidget(load)
-        row.addWidget(clear)
-        self.setLayout(row)
-
-    def refs(self) -> tuple[MediaRef, ...]:
-        """The media references held."""
-        return tuple(ref for ref, _ in self._items)
-
-    def set_items(self, items: Iterable[tuple[MediaRef, QImage | None]]) -> None:
-        """Replaces the inputs."""
-        self._items = list(items)
-        self._refresh()
-
-    def add(self, ref: MediaRef, thumbnail: QImage | None) -> None:
-        """Adds an input (replaces the one held unless ``multi``)."""
-        if self.multi:
-            self._items.append((ref, thumbnail))
-        else:
-            self._items = [(ref, thumbnail)]
-        self._refresh()
-
-    def clear(self) -> None:
-        """Removes every input."""
-        if self._items:
-            self._items = []
-            self._refresh()
-
-    def _refresh(self) -> None:
-        while self._thumbs.count():
-            item = self._thumbs.takeAt(0)
-            if item.widget() is not None:
-                item.widget().deleteLater()
-        for _, thumb in self._items[:6]:
-            label = QLabel()
-            if thumb is not None:
-                label.setPixmap(QPixmap.fromImage(thumb).scaled(
-                    40, 40, Qt.AspectRatioMode.KeepAspectRatio,
-                    Qt.TransformationMode.SmoothTransformation))
-            self._thumbs.addWidget(label)
-        if not self._items:
-            self._name.setText("none — drop or paste an image on the canvas")
-        else:
-            names = ", ".join(ref.source or ref.content_id[:8] for ref, _ in self._items)
-            self._name.setText(names)
-            self._name.setToolTip("\n".join(
-                f"{ref.source}: {ref.conversion}" for ref, _ in self._items))
-        self.changed.emit()
 
 
 class ParamsPanel(QWidget):
@@ -218,7 +108,7 @@ class ParamsPanel(QWidget):
         self.seed_lock = QCheckBox("Lock", checked=False,
                                    toolTip="Keep this seed; unlocked, every Generate draws a "
                                            "new random seed")
-        self.seed_random = QToolButton(text="🎲", toolTip="Draw a random seed now")
+        self.seed_random = QToolButton(text="Random", toolTip="Draw a random seed now")
         self.steps_spin = QSpinBox(minimum=1, maximum=1000, value=20)
         self.guidance_spin = QDoubleSpinBox(minimum=0.0, maximum=100.0, singleStep=0.5,
                                             decimals=2, value=5.0)
@@ -244,7 +134,7 @@ class ParamsPanel(QWidget):
         self.generate_button.setToolTip("Generate (Ctrl+Enter)")
         self.generate_button.setDefault(True)
 
-        form = QFormLayout()
+        form = self._form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
 
         def row(label: str, widget: QWidget, *fields: str) -> QWidget:
@@ -292,7 +182,10 @@ class ParamsPanel(QWidget):
         form.addRow("Branch of", self.parent_row)
 
         inner = QWidget()
-        inner.setLayout(form)
+        column = QVBoxLayout(inner)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.addLayout(form)
+        column.addStretch(1)
         scroll = QScrollArea()
         scroll.setWidget(inner)
         scroll.setWidgetResizable(True)
@@ -302,6 +195,7 @@ class ParamsPanel(QWidget):
         outer.addWidget(scroll, 1)
         outer.addWidget(self.general_error)
         outer.addWidget(self.generate_button)
+        self.setMinimumWidth(300)
         self._set_parent_label(None, "")
 
     def _wire(self) -> None:
@@ -448,10 +342,10 @@ class ParamsPanel(QWidget):
         video = mode in VIDEO_MODES
         self.frames_row.setEnabled(video)
         self.fps_row.setEnabled(video)
-        self.init_row.setVisible(mode == "i2i")
-        self.strength_row.setVisible(mode == "i2i")
-        self.first_frame_row.setVisible(mode == "i2v")
-        self.references_row.setVisible(mode == "r2v")
+        for row, shown in ((self.init_row, mode == "i2i"), (self.strength_row, mode == "i2i"),
+                           (self.first_frame_row, mode == "i2v"),
+                           (self.references_row, mode == "r2v")):
+            self._form.setRowVisible(row, shown)
         self._changed()
 
     def _on_preset(self, index: int) -> None:

@@ -204,9 +204,10 @@ class QueuePanel(QWidget):
         self.view.setItemDelegateForColumn(2, ProgressDelegate(self.view))
         self.view.verticalHeader().hide()
         header = self.view.horizontalHeader()
-        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        header.setSectionResizeMode(2, QHeaderView.ResizeMode.Interactive)
-        header.resizeSection(2, 160)
+        header.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
+        header.setStretchLastSection(True)  # the message
+        header.resizeSection(0, 150)
+        header.resizeSection(2, 150)
         self.cancel_button = QPushButton("Cancel")
         self.up_button = QPushButton("Up")
         self.down_button = QPushButton("Down")

@@ -42,6 +42,7 @@ from studio.core.document import (
     Document,
     Shot,
     Status,
+    Variant,
 )
 from studio.store.storyboard import StoryboardResult, StoryboardShot, render_storyboard
 from studio.ui.background import Background
@@ -97,11 +98,27 @@ class TimelineModel(QAbstractTableModel):
 
     def _on_thumbnail(self, media_id: str) -> None:
         for s in self._doc.shots():
+            if not self._doc.has_variant(s.variant_id):
+                continue
             v = self._doc.variant(s.variant_id)
             if any(a.media_id == media_id for a in v.artifacts):
                 self._refresh_row(s.id)
 
     # -- lookups ----------------------------------------------------------------------------
+    def _live(self, row: int) -> tuple[Shot, Variant] | None:
+        """The shot of a row and its variant, or None while the row is being removed (the
+        document changes before the model announces it, and views may ask meanwhile)."""
+        sid = self.shot_id(row)
+        if sid is None:
+            return None
+        try:
+            shot = self._doc.shot(sid)
+        except KeyError:
+            return None
+        if not self._doc.has_variant(shot.variant_id):
+            return None
+        return shot, self._doc.variant(shot.variant_id)
+
     def shot_id(self, row: int) -> str | None:
         """The shot of a row."""
         return self._rows[row] if 0 <= row < len(self._rows) else None
@@ -155,21 +172,21 @@ class TimelineModel(QAbstractTableModel):
             return Qt.ItemFlag.ItemIsDropEnabled
         flags = (Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
                  | Qt.ItemFlag.ItemIsDragEnabled)
-        sid = self.shot_id(index.row())
-        if sid is None:
+        live = self._live(index.row())
+        if live is None:
             return flags
-        image = self.frame_count(self._doc.shot(sid)) <= 1
+        image = self.frame_count(live[0]) <= 1
         if (index.column() in (2, 3) and not image) or (index.column() == 4 and image):
             flags |= Qt.ItemFlag.ItemIsEditable
         return flags
 
     def data(self, index: QModelIndex, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         """Qt override."""
-        sid = self.shot_id(index.row()) if index.isValid() else None
-        if sid is None:
+        live = self._live(index.row()) if index.isValid() else None
+        if live is None:
             return None
-        shot = self._doc.shot(sid)
-        v = self._doc.variant(shot.variant_id)
+        shot, v = live
+        sid = shot.id
         col = index.column()
         if role == ShotIdRole:
             return sid
@@ -204,10 +221,11 @@ class TimelineModel(QAbstractTableModel):
     def setData(self, index: QModelIndex, value: Any,  # noqa: N802
                 role: int = Qt.ItemDataRole.EditRole) -> bool:
         """Qt override: edits push TrimShot / SetShotDuration."""
-        sid = self.shot_id(index.row()) if index.isValid() else None
-        if sid is None or role != Qt.ItemDataRole.EditRole:
+        live = self._live(index.row()) if index.isValid() else None
+        if live is None or role != Qt.ItemDataRole.EditRole:
             return False
-        shot = self._doc.shot(sid)
+        shot = live[0]
+        sid = shot.id
         try:
             if index.column() == 2:
                 self._doc.history.push(TrimShot(sid, int(value), shot.out_frame))
@@ -318,7 +336,7 @@ class TimelinePanel(QWidget):
         self.remove_button.clicked.connect(self.remove_selected)
         self.up_button.clicked.connect(lambda: self.move_selected(-1))
         self.down_button.clicked.connect(lambda: self.move_selected(1))
-        self.export_button.clicked.connect(self._ask_export)
+        self.export_button.clicked.connect(self.ask_export)
         self.in_spin.valueChanged.connect(self._on_trim)
         self.out_spin.valueChanged.connect(self._on_trim)
         self.duration_spin.valueChanged.connect(self._on_duration)
@@ -411,7 +429,8 @@ class TimelinePanel(QWidget):
         self._doc.history.push(SetShotDuration(sid, round(value, 3)))
 
     # -- export -----------------------------------------------------------------------------
-    def _ask_export(self) -> None:
+    def ask_export(self) -> None:
+        """Asks where to write the storyboard MP4, then exports it."""
         path, _ = QFileDialog.getSaveFileName(self, "Export storyboard", "storyboard.mp4",
                                               "MP4 video (*.mp4)")
         if path:

@@ -4,12 +4,15 @@ loaded executor for the session, a fresh thread-worker engine per window), real 
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import pytest
+import shiboken6
+from PySide6.QtCore import QCoreApplication, QEvent
 
 from studio.store.project import Project
 
@@ -34,6 +37,20 @@ def loop(qapp):
     yield loop
     loop.close()
     asyncio.set_event_loop(None)
+    # The loop's Qt objects (a timer object with pending timers, a signaller) must die on this
+    # thread: left to Python's cyclic GC they may be freed on an engine thread, and a QObject
+    # destroyed off its thread corrupts Qt's timer list (a crash in the next test).
+    for name in ("_timer", "_QEventLoop__call_soon_signaller"):
+        obj = getattr(loop, name, None)
+        if obj is not None and shiboken6.isValid(obj):
+            shiboken6.delete(obj)
+
+
+@pytest.fixture(autouse=True)
+def _collect_on_gui_thread():
+    """Collects each test's garbage (Qt wrappers in reference cycles) on the GUI thread."""
+    yield
+    gc.collect()
 
 
 def run(loop, coro: Coroutine[Any, Any, Any], timeout: float = 150) -> Any:
@@ -51,6 +68,25 @@ async def until(condition: Callable[[], Any], timeout: float = 60, what: str = "
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what or condition}")
         await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def model_failures():
+    """Collects the messages of QAbstractItemModelTester (category ``qt.modeltest``) while
+    the test runs; other Qt messages go on to the previous handler."""
+    from PySide6.QtCore import qInstallMessageHandler
+
+    failures: list[str] = []
+
+    def handler(mode, context, message):
+        if context.category == "qt.modeltest" or "FAIL!" in message:
+            failures.append(message)
+        elif previous is not None:
+            previous(mode, context, message)
+
+    previous = qInstallMessageHandler(handler)
+    yield failures
+    qInstallMessageHandler(previous)
 
 
 @pytest.fixture
@@ -73,12 +109,13 @@ def make_window(qtbot, loop, settings, executor):
 
     windows = []
 
-    def make(project: Project, *, show: bool = True):
-        window = MainWindow(
-            project, settings,
-            engine_factory=lambda: Engine(ThreadWorker(executor=executor)),
-            registry=ModelRegistry(include_hf_cache=False))
-        qtbot.addWidget(window)
+    def make(project: Project, *, show: bool = True, process: bool = False):
+        """``process``: the studio's own engine (a child process) instead of a thread."""
+        factory = None if process else (lambda: Engine(ThreadWorker(executor=executor)))
+        window = MainWindow(project, settings, engine_factory=factory,
+                            registry=ModelRegistry(include_hf_cache=False))
+        # qtbot closes and deletes the window after the test; the engine stops first.
+        qtbot.addWidget(window, before_close_func=lambda w: run(loop, w.shutdown()))
         windows.append(window)
         if show:
             window.show()
@@ -87,7 +124,12 @@ def make_window(qtbot, loop, settings, executor):
 
     yield make
     for window in windows:
-        run(loop, window.shutdown())
+        if shiboken6.isValid(window):
+            run(loop, window.shutdown())  # (done already when qtbot closed it)
+        if shiboken6.isValid(window):
+            window.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)  # delete them here
+    windows.clear()
 
 
 def wait_hash(loop, window) -> None:
@@ -99,6 +141,21 @@ def fill_prompt(window, prompt: str, seed: int = 7) -> None:
     """Types a prompt and locks a seed in the settings panel."""
     window.params.prompt_edit.setPlainText(prompt)
     window.params.set_seed(seed, lock=True)
+
+
+def slow_video_settings(window) -> None:
+    """Settings for a job that runs long enough to be cancelled or killed mid-way."""
+    window.params.set_mode("t2v")
+    window.params.set_size(256, 256)
+    window.params.frames_spin.setValue(33)
+    window.params.steps_spin.setValue(200)
+
+
+def fast_image_settings(window) -> None:
+    """Settings for a quick job."""
+    window.params.set_mode("t2i")
+    window.params.set_size(64, 64)
+    window.params.steps_spin.setValue(4)
 
 
 def project_snapshot(folder: Path) -> dict[str, Any]:

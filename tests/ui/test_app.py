@@ -1,0 +1,87 @@
+"""Starting the studio: ``python -m studio`` dispatch, the app coroutine, settings, layering."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from PySide6.QtWidgets import QApplication
+
+import studio.__main__ as entry
+from studio.engine.api import Engine
+from studio.engine.worker import ThreadWorker
+from studio.store.project import Project
+from studio.ui.app import run_studio
+from studio.ui.main_window import MainWindow
+from tests.ui.conftest import run, until
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_python_m_studio_dispatch(monkeypatch):
+    calls = []
+    monkeypatch.setattr("studio.cli.main", lambda argv: calls.append(("cli", argv)) or 0)
+    monkeypatch.setattr("studio.ui.app.main", lambda argv: calls.append(("ui", argv)) or 0)
+    monkeypatch.setattr(entry, "render_samples", lambda: calls.append(("samples",)) or 0)
+    assert entry.main(["models"]) == 0
+    assert entry.main(["render", "--prompt", "x", "--out", "a.png"]) == 0
+    assert entry.main([]) == 0
+    assert entry.main(["/some/project"]) == 0
+    assert entry.main(["--samples"]) == 0
+    assert calls == [("cli", ["models"]), ("cli", ["render", "--prompt", "x", "--out", "a.png"]),
+                     ("ui", []), ("ui", ["/some/project"]), ("samples",)]
+
+
+def test_run_studio_opens_creates_and_closes_a_project(tmp_path, loop, settings, executor):
+    folder = tmp_path / "new project"
+
+    async def session() -> int:
+        task = loop.create_task(run_studio(
+            settings, folder, engine_factory=lambda: Engine(ThreadWorker(executor=executor))))
+        window = await until(lambda: next((w for w in QApplication.topLevelWidgets()
+                                           if isinstance(w, MainWindow) and w.isVisible()),
+                                          None), 30, "the window")
+        assert window.project.folder == folder
+        window.settings.model_folders = [str(tmp_path / "models")]
+        window.close()
+        return await task
+
+    assert run(loop, session()) == 0
+    assert settings.last_project == str(folder)
+    assert settings.worker_config().model_folders == (str(tmp_path / "models"),)
+    with Project.open(folder) as project:  # created, closed and unlocked
+        assert len(project.document) == 0
+
+
+def test_the_ui_loads_neither_torch_nor_diffusers():
+    code = ("import sys, studio.ui.main_window, studio.ui.app\n"
+            "bad = [m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules]\n"
+            "print(bad); sys.exit(1 if bad else 0)\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, env={"QT_QPA_PLATFORM": "offscreen", "PATH": ""})
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_settings_dialog_applies_and_the_engine_restarts(tmp_path, loop, make_window):
+    from studio.core.document import Status
+    from studio.ui.settings import SettingsDialog
+    from tests.ui.conftest import fill_prompt
+
+    project = Project.create(tmp_path / "project")
+    w = make_window(project)
+    dialog = SettingsDialog(w.settings, w)
+    dialog.folders.addItem(str(tmp_path / "models"))
+    dialog.device.setCurrentText("cpu")
+    dialog.memory.setValue(12.5)
+    dialog.apply()
+    assert w.settings.model_folders == [str(tmp_path / "models")]
+    assert (w.settings.device, w.settings.memory_budget_gb) == ("cpu", 12.5)
+    old_engine = w.controller.engine
+    w.apply_settings()
+    run(loop, until(lambda: w.controller.engine not in (None, old_engine), 30, "new engine"))
+    assert w.controller.config.device == "cpu"
+    assert w.controller.config.model_folders == (str(tmp_path / "models"),)
+    fill_prompt(w, "after the restart")
+    [vid] = w.generate()
+    run(loop, until(lambda: project.document.variant(vid).status == Status.DONE, 90))

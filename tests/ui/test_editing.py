@@ -1,0 +1,182 @@
+"""Editing through the UI: undo/redo of rename, star and delete; validation in place;
+keyboard generation; cancelling by undo and from the queue; failures keep the studio up."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+
+from studio.core.document import Status
+from studio.store.project import Project
+from tests.ui.conftest import (
+    fast_image_settings,
+    fill_prompt,
+    run,
+    slow_video_settings,
+    until,
+)
+
+
+def test_undo_redo_of_rename_star_and_delete_through_the_ui(tmp_path, loop, make_window, qtbot):
+    project = Project.create(tmp_path / "project")
+    w = make_window(project)
+    doc = project.document
+    fill_prompt(w, "two red circles", seed=11)
+    w.params.batch_spin.setValue(2)
+    a, b = w.generate()
+    assert [doc.variant(v).request["seed"] for v in (a, b)] == [11, 12]
+    assert w.undo_action.text() == "Undo Generate 2"
+    run(loop, until(lambda: all(doc.variant(v).status == Status.DONE for v in (a, b)), 90))
+
+    # rename through the tree's editor (the model's setData), undo and redo from the menu
+    model = w.variant_model
+    assert model.setData(model.index_for(a), "first")
+    assert doc.variant(a).name == "first"
+    assert model.index_for(a).data() == "first"
+    w.undo_action.trigger()
+    assert doc.variant(a).name == "" and model.index_for(a).data() != "first"
+    w.redo_action.trigger()
+    assert doc.variant(a).name == "first"
+
+    # star with the action; Ctrl+Z / Ctrl+Shift+Z from the keyboard
+    w.variants.select([b])
+    w.variants.view.setFocus()
+    w.star_action.trigger()
+    assert doc.variant(b).starred
+    assert model.index_for(b, 2).data(Qt.ItemDataRole.CheckStateRole) == Qt.CheckState.Checked
+    qtbot.keyClick(w.variants.view, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier)
+    assert not doc.variant(b).starred
+    qtbot.keyClick(w.variants.view, Qt.Key.Key_Z,
+                   Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier)
+    assert doc.variant(b).starred
+    # starring by the check box column is an undo step too
+    assert model.setData(model.index_for(b, 2), Qt.CheckState.Unchecked.value,
+                         Qt.ItemDataRole.CheckStateRole)
+    assert not doc.variant(b).starred
+    w.undo_action.trigger()
+    assert doc.variant(b).starred
+
+    # delete with the Delete key; undo brings the result back; redo deletes again
+    w.variants.select([a])
+    w.variants.view.setFocus()
+    qtbot.keyClick(w.variants.view, Qt.Key.Key_Delete)
+    assert not doc.has_variant(a) and not model.index_for(a).isValid()
+    w.undo_action.trigger()
+    assert doc.variant(a).status == Status.DONE and doc.variant(a).name == "first"
+    assert model.index_for(a).isValid()
+    w.redo_action.trigger()
+    assert not doc.has_variant(a)
+    w.undo_action.trigger()
+    assert project.media.verify(doc.variant(a).artifacts[0].media_id)
+
+
+def test_invalid_settings_are_flagged_next_to_the_field(tmp_path, loop, make_window, qtbot):
+    project = Project.create(tmp_path / "project")
+    w = make_window(project)
+    p = w.params
+    fill_prompt(w, "a circle")
+    assert p.is_valid() and p.generate_button.isEnabled()
+    p.width_spin.setValue(70)
+    assert "multiple of 16" in p.error_text("width")
+    assert not p.generate_button.isEnabled()
+    p.prompt_edit.setFocus()
+    qtbot.keyClick(p.prompt_edit, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
+    assert len(project.document) == 0  # Ctrl+Enter does nothing while invalid
+
+    p.set_preset("Landscape 16:9")
+    assert (p.width_spin.value(), p.height_spin.value()) == (80, 48)
+    assert p.error_text("width") == "" and p.is_valid()
+    p.prompt_edit.setPlainText("   ")
+    assert "must not be empty" in p.error_text("prompt")
+    p.prompt_edit.setPlainText("a circle")
+    p.set_mode("t2v")
+    p.frames_spin.setValue(8)
+    assert "4k+1" in p.error_text("num_frames")
+    p.frames_spin.setValue(9)
+    assert p.is_valid()
+
+    # Ctrl+Enter in the prompt generates
+    p.prompt_edit.setFocus()
+    qtbot.keyClick(p.prompt_edit, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
+    assert len(project.document) == 1
+    [vid] = [v.id for v in project.document.variants()]
+    assert project.document.variant(vid).request["width"] == 80
+    run(loop, until(lambda: project.document.variant(vid).status == Status.DONE, 90))
+
+
+def test_undo_and_cancel_stop_running_jobs_and_failures_keep_the_studio_up(
+        tmp_path, loop, make_window):
+    project = Project.create(tmp_path / "project")
+    w = make_window(project)
+    doc = project.document
+    c = w.controller
+    fill_prompt(w, "a long video")
+    slow_video_settings(w)
+    [slow] = w.generate()
+    run(loop, until(lambda: c.progress(slow), 90, "the slow job running"))
+    assert doc.variant(slow).status == Status.RUNNING
+
+    # undo of the running variant cancels its job
+    w.undo_action.trigger()
+    assert not doc.has_variant(slow)
+    run(loop, until(lambda: c.engine.running is None and c._current is None, 60, "cancel"))
+
+    # redo brings it back queued; it runs again; Cancel in the queue dock stops it
+    w.redo_action.trigger()
+    assert doc.variant(slow).status in (Status.QUEUED, Status.RUNNING)
+    run(loop, until(lambda: c.progress(slow), 90, "the slow job running again"))
+    w.queue.select(slow)
+    assert w.queue.cancel_button.isEnabled()
+    w.queue.cancel_button.click()
+    run(loop, until(lambda: doc.variant(slow).status == Status.CANCELLED, 60, "cancelled"))
+    assert w.queue.retry_button.isEnabled()
+
+    # a job the engine refuses fails with its message; the next job still runs
+    fast_image_settings(w)
+    bad_request = w.params.draft().replace(model_hash="0" * 32)
+    [bad] = c.generate([bad_request])
+    [good] = w.generate()
+    run(loop, until(lambda: doc.variant(good).status == Status.DONE, 90, "the next job"))
+    assert doc.variant(bad).status == Status.FAILED
+    assert "model_hash" in doc.variant(bad).error
+    row = w.queue_model.row_of(bad)
+    assert "model_hash" in w.queue_model.index(row, 3).data()
+    assert w.isVisible()
+
+    # retry from the queue dock puts the cancelled one back in the queue
+    w.queue.select(slow)
+    w.queue.retry_button.click()
+    assert doc.variant(slow).status in (Status.QUEUED, Status.RUNNING)
+    c.cancel(slow)
+    run(loop, until(lambda: doc.variant(slow).status == Status.CANCELLED, 60, "cancelled"))
+
+
+def test_modes_a_model_cannot_run_are_disabled(qtbot):
+    from pathlib import Path
+
+    from studio.core.capabilities import MODES, ModelCapabilities
+    from studio.engine.models.registry import ModelEntry
+    from studio.ui.background import Background
+    from studio.ui.params import ParamsPanel
+
+    image_only = ModelCapabilities("stills", "flux", frozenset({"t2i", "i2i"}),
+                                   default_width=512, default_height=512)
+    video = ModelCapabilities("clips", "wan", frozenset(MODES), frame_multiple=4,
+                              max_frames=81, default_frames=9, default_width=64,
+                              default_height=64, max_references=3)
+    background = Background()
+    panel = ParamsPanel(background)
+    background.setParent(panel)
+    qtbot.addWidget(panel)
+    panel.set_models([ModelEntry("clips", Path("clips"), "wan", capabilities=video),
+                      ModelEntry("stills", Path("stills"), "flux", capabilities=image_only),
+                      ModelEntry("broken", Path("broken"), error="model_index.json missing")])
+    items = panel.mode_combo.model()
+    assert [items.item(i).isEnabled() for i in range(len(MODES))] == [True] * 5
+    assert not panel.model_combo.model().item(2).isEnabled()  # the broken model
+    panel.set_mode("t2v")
+    panel.model_combo.setCurrentIndex(1)
+    assert [items.item(i).isEnabled() for i in range(len(MODES))] == \
+        [True, True, False, False, False]
+    assert panel.mode() == "t2i"  # the video mode fell back to one the model runs
+    assert (panel.width_spin.value(), panel.height_spin.value()) == (512, 512)
+    background.shutdown()

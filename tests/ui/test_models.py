@@ -1,0 +1,185 @@
+"""The item models under every kind of document change, checked by QAbstractItemModelTester
+and against the document; and the pure helpers of the UI (sizes, diffs, storyboard rules)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QModelIndex, Qt
+from PySide6.QtTest import QAbstractItemModelTester
+
+from studio.core.capabilities import ModelCapabilities
+from studio.core.commands import (
+    AddShot,
+    AddVariant,
+    DeleteVariant,
+    MoveShot,
+    RemoveShot,
+    RenameVariant,
+    SetShotDuration,
+    StarVariant,
+    TrimShot,
+)
+from studio.core.document import Artifact, Document, Status
+from studio.store.storyboard import StoryboardShot, letterbox, source_indices
+from studio.ui.background import difference_heatmap, from_qimage, to_qimage
+from studio.ui.compare import differing_parameters
+from studio.ui.params import preset_size
+from studio.ui.queue_panel import QueueModel
+from studio.ui.timeline import SHOT_MIME, TimelineModel
+from studio.ui.variants import VariantTreeModel
+
+MEDIA = "0" * 31 + "1"
+
+
+def req(seed: int = 1, prompt: str = "a cat") -> str:
+    return json.dumps({"mode": "t2i", "prompt": prompt, "seed": seed, "fps": 8.0})
+
+
+def tree_of(model: VariantTreeModel, parent: QModelIndex = QModelIndex()) -> list:
+    out = []
+    for row in range(model.rowCount(parent)):
+        index = model.index(row, 0, parent)
+        out.append((model.variant_id(index), tree_of(model, index)))
+    return out
+
+
+def doc_tree(doc: Document, parent: str | None = None) -> list:
+    return [(vid, doc_tree(doc, vid)) for vid in doc.children(parent)]
+
+
+def test_models_follow_every_change_and_pass_the_model_tester(qapp, model_failures):
+    doc = Document()
+    tree, queue, timeline = VariantTreeModel(doc), QueueModel(doc), TimelineModel(doc)
+    mode = QAbstractItemModelTester.FailureReportingMode.Warning
+    testers = [QAbstractItemModelTester(m, mode, m) for m in (tree, queue, timeline)]
+
+    def check() -> None:
+        assert tree_of(tree) == doc_tree(doc)
+        assert [queue.variant_id(r) for r in range(queue.rowCount())][: len(doc.queue())] \
+            == list(doc.queue())
+        assert queue.rowCount() == len(doc)
+        assert [timeline.shot_id(r) for r in range(timeline.rowCount())] == \
+            [s.id for s in doc.shots()]
+
+    roots = []
+    for i in range(3):
+        cmd = AddVariant(req(i), f"r{i}", created_at=100 + i)
+        doc.history.push(cmd)
+        roots.append(cmd.variant_id)
+    check()
+    kids = []
+    with doc.history.group("Generate 3"):
+        for i in range(3):
+            cmd = AddVariant(req(10 + i), "k", parent_id=roots[0], created_at=200 - i)
+            doc.history.push(cmd)
+            kids.append(cmd.variant_id)
+    grand = AddVariant(req(20), "g", parent_id=kids[0], created_at=300)
+    doc.history.push(grand)
+    check()
+    assert doc.children(roots[0]) == tuple(reversed(kids))  # siblings by creation time
+
+    doc.set_status(roots[0], Status.RUNNING)
+    doc.finish(roots[0], [Artifact(MEDIA, "image")])
+    doc.set_status(roots[1], Status.RUNNING)
+    doc.fail(roots[1], "out of memory")
+    doc.move_job(grand.variant_id, 0)
+    check()
+    doc.retry(roots[1])
+    doc.history.push(RenameVariant(roots[0], "hero"))
+    assert tree.setData(tree.index_for(kids[1], 2), Qt.CheckState.Checked.value,
+                        Qt.ItemDataRole.CheckStateRole)
+    assert doc.variant(kids[1]).starred
+    doc.history.push(StarVariant(roots[2]))
+    check()
+
+    shots = []
+    for vid in (roots[0], kids[0], grand.variant_id):
+        cmd = AddShot(vid)
+        doc.history.push(cmd)
+        shots.append(cmd.shot_id)
+    doc.history.push(MoveShot(shots[2], 0))
+    doc.history.push(TrimShot(shots[1], 1, 3))
+    doc.history.push(SetShotDuration(shots[0], 3.0))
+    check()
+    # a drop on the timeline moves the shot (and is an undo step)
+    mime = timeline.mimeData([timeline.index(0, 0)])
+    assert mime.hasFormat(SHOT_MIME)
+    assert not timeline.dropMimeData(mime, Qt.DropAction.MoveAction, 3, 0, QModelIndex())
+    assert doc.shots()[-1].id == shots[2]
+    doc.history.push(RemoveShot(shots[0]))
+    check()
+
+    doc.history.push(DeleteVariant(kids[0]))  # takes its child and two shots with it
+    check()
+    assert not tree.index_for(grand.variant_id).isValid()
+    steps = doc.history.index
+    while doc.history.undo():
+        check()
+    assert len(doc) == 0
+    for _ in range(steps):
+        doc.history.redo()
+        check()
+    assert doc.variant(roots[0]).name == "hero"
+    assert model_failures == []
+    del testers
+
+
+def test_preset_sizes_snap_to_the_model():
+    tiny = ModelCapabilities("tiny", "wan", frozenset({"t2i"}), spatial_multiple=16,
+                             max_size=256, max_pixels=65536, default_width=64,
+                             default_height=64)
+    assert preset_size(1, 1, tiny) == (64, 64)
+    assert preset_size(16, 9, tiny) == (80, 48)
+    assert preset_size(9, 16, tiny) == (48, 80)
+    assert preset_size(4, 5, tiny) == (64, 80)
+    big = ModelCapabilities("big", "wan", frozenset({"t2v"}), spatial_multiple=16,
+                            max_size=1920, max_pixels=1280 * 720, default_width=832,
+                            default_height=480)
+    for rw, rh in ((16, 9), (9, 16), (4, 5), (1, 1)):
+        w, h = preset_size(rw, rh, big)
+        assert w % 16 == 0 and h % 16 == 0 and w * h <= 1280 * 720
+        assert abs((w / h) / (rw / rh) - 1) < 0.05
+
+
+def test_storyboard_rules():
+    video = np.arange(8, dtype=np.uint8).reshape(8, 1, 1, 1).repeat(3, axis=3)
+    video = np.broadcast_to(video, (8, 4, 4, 3))
+    shot = StoryboardShot(video, fps=8.0)
+    assert source_indices(shot, 8.0) == list(range(8))
+    assert source_indices(shot, 16.0) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7]
+    assert source_indices(shot, 4.0) == [1, 3, 5, 7]
+    trimmed = StoryboardShot(video, fps=8.0, in_frame=2, out_frame=5)
+    assert source_indices(trimmed, 8.0) == [2, 3, 4]
+    still = StoryboardShot(video[:1], fps=8.0)
+    assert source_indices(still, 10.0) == [0] * 20  # the default 2 s
+    assert source_indices(StoryboardShot(video[:1], 8.0, duration_s=0.5), 10.0) == [0] * 5
+    wide = np.full((2, 8, 3), 255, np.uint8)
+    boxed = letterbox(wide, 8, 8)
+    assert boxed.shape == (8, 8, 3)
+    assert boxed[0].max() == 0 and boxed[3:5].min() == 255  # black bars above and below
+
+
+def test_pixels_round_trip_and_difference_map():
+    pixels = np.random.default_rng(0).integers(0, 255, (5, 7, 3), dtype=np.uint8)
+    np.testing.assert_array_equal(from_qimage(to_qimage(pixels)), pixels)
+    heat, stats = difference_heatmap(pixels, pixels)
+    assert stats == {"mean": 0.0, "max": 0.0} and heat.shape == (5, 7, 3)
+    other = pixels.copy()
+    other[0, 0] = 255 - other[0, 0]
+    heat, stats = difference_heatmap(pixels, other)
+    assert stats["max"] > 0 and heat[0, 0].sum() > heat[1, 1].sum()
+
+
+@pytest.mark.parametrize(
+    ("requests", "fields"),
+    [
+        ([{"a": 1, "o": {"p": "x"}}, {"a": 1, "o": {"p": "y"}}], ["o.p"]),
+        ([{"a": 1}, {"a": 1.0}], ["a"]),
+        ([{"a": 1}, {"a": 1}, {"a": 2, "b": None}], ["a"]),
+    ],
+)
+def test_differing_parameters(requests, fields):
+    assert [key for key, _ in differing_parameters(requests)] == fields

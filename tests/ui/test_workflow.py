@@ -1,0 +1,239 @@
+"""The studio end to end: generate an image and a video, branch, compare, build a timeline,
+export it, close, reopen — on the real engine (embedded model) and a real project."""
+
+from __future__ import annotations
+
+import json
+
+import av
+import numpy as np
+import pytest
+from PySide6.QtCore import QPointF, Qt
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtTest import QAbstractItemModelTester
+
+from studio.core.document import Status
+from studio.store.export import read_frames, read_metadata
+from studio.store.project import Project
+from tests.ui.conftest import (
+    fast_image_settings,
+    fill_prompt,
+    run,
+    slow_video_settings,
+    until,
+    wait_hash,
+)
+
+
+def _testers(window) -> list[QAbstractItemModelTester]:
+    mode = QAbstractItemModelTester.FailureReportingMode.Warning
+    return [QAbstractItemModelTester(m, mode, window)
+            for m in (window.variant_model, window.queue_model, window.timeline_model)]
+
+
+def test_generate_branch_compare_timeline_export_and_reopen(tmp_path, loop, make_window,
+                                                             model_failures, qtbot):
+    folder = tmp_path / "project"
+    project = Project.create(folder)
+    w = make_window(project)
+    testers = _testers(w)
+    doc = project.document
+    wait_hash(loop, w)
+    previews: list[str] = []
+    w.controller.previewReady.connect(previews.append)
+
+    # -- text to image: pending at once, previews, then the result in the store ------------
+    fill_prompt(w, "a red circle on grass", seed=7)
+    [image] = w.generate()
+    assert doc.variant(image).status == Status.QUEUED
+    assert w.variant_model.index_for(image).isValid()
+    assert w.variants.current() == image and w.canvas.variant_id == image
+    assert w.queue_model.row_of(image) == 0
+    run(loop, until(lambda: doc.variant(image).status == Status.DONE, 90, "t2i done"))
+    assert previews.count(image) == 20
+    art = doc.variant(image).artifacts[0]
+    assert art.kind == "image"
+    assert project.media.get_image(art.media_id).shape == (64, 64, 3)
+    run(loop, until(lambda: w.canvas.frames is not None, 10, "canvas frames"))
+    view = w.canvas.view
+    assert view.image().size().toTuple() == (64, 64)
+    fit = view.scale()
+    view.zoom_by(2.0, QPointF(20, 20))  # what the wheel does, around the cursor
+    assert view.scale() == pytest.approx(2 * fit)
+    view.pan_by(15, -5)
+    w.actual_size_action.trigger()
+    assert view.scale() == 1.0
+    w.fit_action.trigger()
+    assert view.scale() == pytest.approx(fit) and view.view_state() == (None, (0.5, 0.5))
+    assert "model_hash" not in str(doc.request_diff(image))
+    assert doc.variant(image).request["model_hash"]
+
+    # -- text to video: plays, steps, scrubs ------------------------------------------------
+    assert w.params.set_mode("t2v")
+    w.params.frames_spin.setValue(9)
+    [video] = w.generate()
+    run(loop, until(lambda: doc.variant(video).status == Status.DONE, 90, "t2v done"))
+    frames = project.media.get_video(doc.variant(video).artifacts[0].media_id)
+    assert frames.shape == (9, 64, 64, 3)
+    run(loop, until(lambda: w.canvas.frames is not None, 10, "video frames"))
+    assert w.canvas.player.frame_count == 9
+    w.canvas.view.setFocus()
+    qtbot.keyClick(w.canvas.view, Qt.Key.Key_Right)
+    assert w.canvas.player.position == 1
+    np.testing.assert_array_equal(w.canvas.current_frame(), frames[1])
+    w.canvas.controls.slider.setValue(5)
+    assert w.canvas.player.position == 5
+    qtbot.keyClick(w.canvas.view, Qt.Key.Key_Space)
+    assert w.canvas.player.playing
+    run(loop, until(lambda: w.canvas.player.position != 5, 5, "playback"))
+    qtbot.keyClick(w.canvas.view, Qt.Key.Key_Space)
+    assert not w.canvas.player.playing
+    paused_at = w.canvas.player.position
+    qtbot.keyClick(w.canvas.view, Qt.Key.Key_Left)
+    assert w.canvas.player.position == (paused_at - 1) % 9 and not w.canvas.player.playing
+
+    # -- branch from the image: settings prefilled, a child with a diff tooltip -------------
+    w.variants.select([image])
+    w.branch_action.trigger()
+    assert w.params.mode() == "t2i" and w.params.seed() == 7 and w.params.parent_id == image
+    w.params.prompt_edit.setPlainText("a blue circle on grass")
+    [child] = w.generate()
+    assert doc.variant(child).parent_id == image
+    assert w.variant_model.parent(w.variant_model.index_for(child)) == \
+        w.variant_model.index_for(image)
+    tip = w.variant_model.index_for(child).data(Qt.ItemDataRole.ToolTipRole)
+    assert "prompt: a red circle on grass → a blue circle on grass" in tip
+    run(loop, until(lambda: doc.variant(child).status == Status.DONE, 90, "child done"))
+
+    # -- compare the two images ---------------------------------------------------------------
+    w.variants.select([image, child])
+    assert w.compare_action.isEnabled()
+    w.compare_action.trigger()
+    assert w.tabs.currentWidget() is w.compare
+    run(loop, until(w.compare.is_loaded, 10, "compare frames"))
+    assert w.compare.differing_fields() == ["prompt"]
+    w.compare.views[0].zoom_by(2.0)
+    assert w.compare.views[1].view_state() == w.compare.views[0].view_state()
+    assert w.compare.views[1].scale() == w.compare.views[0].scale()
+    w.compare.set_mode("Wipe")
+    assert w.compare.wipe_view.image() is not None
+    w.compare.set_mode("Difference")
+    assert w.compare.stats["max"] > 0 and w.compare.diff_view.image() is not None
+
+    # -- timeline: an image shot and a trimmed video shot, exported as one MP4 --------------
+    w.variants.select([image, video])
+    shots = w.add_selected_to_timeline()
+    assert len(shots) == 2 and w.timeline_model.rowCount() == 2
+    w.timeline.select(shots[1])
+    w.timeline.in_spin.setValue(1)
+    w.timeline.out_spin.setValue(7)
+    assert (doc.shot(shots[1]).in_frame, doc.shot(shots[1]).out_frame) == (1, 7)
+    w.timeline.select(shots[0])
+    w.timeline.duration_spin.setValue(1.5)
+    assert doc.shot(shots[0]).duration_s == 1.5
+    out = tmp_path / "storyboard.mp4"
+    result = run(loop, w.timeline.export_mp4(out))
+    assert result is not None and result.num_frames == 12 + 6  # 1.5 s at 8 fps + 6 frames
+    with av.open(str(out)) as container:
+        decoded = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    assert len(decoded) == 18 and decoded[0].shape == (64, 64, 3)
+
+    # -- single exports carry the request ---------------------------------------------------
+    png = run(loop, w.export_variant(image, tmp_path / "image.png"))
+    meta = read_metadata(png)
+    assert meta["request"]["prompt"] == "a red circle on grass"
+    assert meta["request"]["model_hash"] and meta["environment"]["device"]
+    gif = run(loop, w.export_variant(video, tmp_path / "video.gif"))
+    assert read_metadata(gif)["request"]["num_frames"] == 9
+    assert read_frames(gif).shape == (9, 64, 64, 3)
+    sheet = run(loop, w.export_contact_sheet([image, child, video], tmp_path / "sheet.png"))
+    assert sheet.exists()
+    w.variants.select([child])
+    w.copy_settings_action.trigger()
+    copied = json.loads(QGuiApplication.clipboard().text())
+    assert copied == json.loads(doc.variant(child).request_json)
+    [again] = w.reproduce()
+    assert doc.variant(again).request_json == doc.variant(child).request_json
+    assert doc.variant(again).parent_id == child
+    run(loop, until(lambda: doc.variant(again).status == Status.DONE, 90, "reproduction"))
+    np.testing.assert_array_equal(  # the CPU run is bit-exact
+        project.media.get_image(doc.variant(again).artifacts[0].media_id),
+        project.media.get_image(doc.variant(child).artifacts[0].media_id))
+    w.rename(image, "hero")
+    w.variants.select([child])
+    w.star_action.trigger()
+    w.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, w.docks["queueDock"])
+    assert model_failures == []
+    del testers
+
+    # -- close and reopen: everything is there ----------------------------------------------
+    w.close()
+    run(loop, w.shutdown())
+    project.close()
+    project2 = Project.open(folder)
+    doc2 = project2.document
+    w2 = make_window(project2)
+    assert {v.id: v.status for v in doc2.variants()} == {
+        image: Status.DONE, child: Status.DONE, video: Status.DONE, again: Status.DONE}
+    assert doc2.variant(image).name == "hero" and doc2.variant(child).starred
+    assert doc2.variant(child).parent_id == image
+    for v in doc2.variants():
+        assert project2.media.verify(v.artifacts[0].media_id)
+    assert [s.id for s in doc2.shots()] == shots
+    assert (doc2.shot(shots[1]).in_frame, doc2.shot(shots[1]).out_frame) == (1, 7)
+    assert w2.variant_model.rowCount() == 2  # two roots: the image (with its child), the video
+    assert w2.variant_model.rowCount(w2.variant_model.index_for(image)) == 1
+    assert w2.timeline_model.rowCount() == 2
+    assert w2.dockWidgetArea(w2.docks["queueDock"]) == Qt.DockWidgetArea.LeftDockWidgetArea
+    w2.close()
+    run(loop, w2.shutdown())
+    project2.close()
+
+
+def test_closing_while_generating_then_reopening(tmp_path, loop, make_window):
+    folder = tmp_path / "project"
+    project = Project.create(folder)
+    w = make_window(project)
+    fill_prompt(w, "a long video")
+    slow_video_settings(w)
+    [slow] = w.generate()
+    fast_image_settings(w)
+    [fast] = w.generate()
+    run(loop, until(lambda: w.controller.progress(slow), 90, "the slow job running"))
+    w.close()
+    run(loop, w.shutdown())
+    project.close()
+
+    project = Project.open(folder)
+    doc = project.document
+    assert doc.variant(slow).status == Status.INTERRUPTED and "Retry" in doc.variant(slow).error
+    assert doc.variant(fast).status == Status.QUEUED and doc.queue() == (fast,)
+    w = make_window(project)  # the queued variant is submitted again on open
+    run(loop, until(lambda: doc.variant(fast).status == Status.DONE, 90, "the queued job"))
+    w.queue.select(slow)
+    assert w.queue.retry_button.isEnabled() and not w.queue.cancel_button.isEnabled()
+    w.close()
+    run(loop, w.shutdown())
+    project.close()
+
+
+def test_an_engine_crash_fails_the_job_and_the_studio_stays_up(tmp_path, loop, make_window):
+    project = Project.create(tmp_path / "project")
+    w = make_window(project, process=True)  # the studio's default: the engine in a child
+    doc = project.document
+    fill_prompt(w, "a long video")
+    slow_video_settings(w)
+    [slow] = w.generate()
+    fast_image_settings(w)
+    [fast] = w.generate()
+    run(loop, until(lambda: w.controller.progress(slow), 180, "the child engine running"))
+    worker = w.controller.engine.worker
+    first_pid = worker.pid
+    worker.kill()
+    run(loop, until(lambda: doc.variant(slow).status == Status.FAILED, 60, "worker_died"))
+    assert "stopped unexpectedly" in doc.variant(slow).error
+    run(loop, until(lambda: doc.variant(fast).status == Status.DONE, 180, "the next job"))
+    assert worker.pid != first_pid and w.isVisible()
+    w.close()
+    run(loop, w.shutdown())
+    project.close()
