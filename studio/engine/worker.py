@@ -42,6 +42,8 @@ class WorkerConfig:
         device: ``"auto"``, ``"cpu"`` or ``"cuda[:N]"``.
         torch_threads: intra-op threads (0 = torch's default).
         max_loaded: models kept loaded between jobs.
+        preload: model ids a child-process worker loads as soon as it starts, so the first
+            job does not wait for imports and loading (errors are left for that job to report).
     """
 
     model_folders: tuple[str, ...] = ()
@@ -49,6 +51,7 @@ class WorkerConfig:
     device: str = "auto"
     torch_threads: int = 0
     max_loaded: int = 2
+    preload: tuple[str, ...] = ()
 
     def build_executor(self):
         import torch
@@ -165,6 +168,11 @@ def _child_main(config: WorkerConfig, jobs, events, cancel_serial, parent_pid: i
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's to handle
     executor = config.build_executor()
+    for model_id in config.preload:
+        try:
+            executor.runner_for(executor.registry.resolve(model_id))
+        except Exception:  # the first job that names it reports the problem
+            pass
     events.put(("ready", os.getpid()))
     while True:
         item = jobs.get()
@@ -210,7 +218,11 @@ class ProcessWorker(Worker):
         return self._proc.pid if self._proc is not None else None
 
     def start(self, on_event: EventFn) -> None:
+        """Starts the child at once, so imports and preloading overlap the user's typing."""
         self._on_event = on_event
+        with self._lock:
+            if self._proc is None:
+                self._spawn()
 
     def _spawn(self) -> None:
         self._jobs = self._ctx.Queue()

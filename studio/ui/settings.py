@@ -105,7 +105,8 @@ class AppSettings:
 
     def worker_config(self) -> WorkerConfig:
         """The engine configuration these settings describe."""
-        return WorkerConfig(model_folders=tuple(self.model_folders), device=self.device)
+        return WorkerConfig(model_folders=tuple(self.model_folders), device=self.device,
+                            preload=("embedded",))
 
 
 class SettingsDialog(QDialog):
