@@ -112,3 +112,45 @@ def row_strides(t: torch.Tensor) -> tuple[int, int]:
     if t.dim() == 2 or t.shape[1] == 1:
         return t.stride(0), 0
     return t.stride(0), t.stride(1)
+
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+ATTENTION_HEAD_DIMS = (32, 64, 128)
+
+
+def attention_fallback_reason(kernel_module: ModuleType | None, kernel_fn_name: str,
+                              q: torch.Tensor) -> str | None:
+    """Why an attention op runs its torch reference instead of Triton (None: Triton runs):
+    no usable Triton on this device, a dtype other than fp16/bf16/fp32, or a head dim other
+    than 32/64/128."""
+    reason = triton_blocker(kernel_module, kernel_fn_name, q.device)
+    if reason is not None:
+        return reason
+    if q.dtype not in FLOAT_DTYPES:
+        return f"dtype {dtype_name(q.dtype)} (Triton path: float16, bfloat16, float32)"
+    if q.shape[-1] not in ATTENTION_HEAD_DIMS:
+        dims = ", ".join(map(str, ATTENTION_HEAD_DIMS))
+        return f"head_dim {q.shape[-1]} (Triton path: {dims})"
+    return None
+
+
+def attention_outputs(q: torch.Tensor, out: torch.Tensor | None,
+                      lse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output (like q) and log-sum-exp ((batch, heads, seq_q) float32, contiguous)
+    buffers of an attention op: allocated when None, checked when given.
+
+    Raises:
+        ValueError: a given buffer of the wrong shape, dtype or device, or a strided lse.
+    """
+    batch, heads, seq_q, _ = q.shape
+    if out is None:
+        out = torch.empty_like(q)  # keeps q's layout, e.g. (batch, seq, heads, dim) in memory
+    else:
+        check_out("out", out, tuple(q.shape), q.dtype, q.device)
+    if lse is None:
+        lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
+    else:
+        check_out("lse", lse, (batch, heads, seq_q), torch.float32, q.device)
+        if not lse.is_contiguous():
+            raise ValueError("lse must be contiguous")
+    return out, lse

@@ -22,8 +22,8 @@ except ImportError:  # pragma: no cover - depends on the installation
     _kernel = None
 
 OP = "attention"
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-HEAD_DIMS = (32, 64, 128)
+SUPPORTED_DTYPES = rt.FLOAT_DTYPES
+HEAD_DIMS = rt.ATTENTION_HEAD_DIMS
 
 #: Launches since import, by path ("triton" or "reference"); tests read it to prove which ran.
 LAUNCHES: Counter[str] = Counter()
@@ -101,14 +101,7 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def fallback_reason(q: torch.Tensor) -> str | None:
     """Why this call runs the torch reference instead of Triton; None when Triton runs."""
-    reason = rt.triton_blocker(_kernel, "attention_fwd_kernel", q.device)
-    if reason is not None:
-        return reason
-    if q.dtype not in SUPPORTED_DTYPES:
-        return f"dtype {rt.dtype_name(q.dtype)} (Triton path: float16, bfloat16, float32)"
-    if q.shape[-1] not in HEAD_DIMS:
-        return f"head_dim {q.shape[-1]} (Triton path: {', '.join(map(str, HEAD_DIMS))})"
-    return None
+    return rt.attention_fallback_reason(_kernel, "attention_fwd_kernel", q)
 
 
 def _launch(q, k, v, kv_lengths, scale, out, lse) -> None:
@@ -194,15 +187,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     batch, heads, seq_q, head_dim = q.shape
     q, k, v = (rt.last_dim_contiguous(t) for t in (q, k, v))
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    if out is None:
-        out = torch.empty_like(q)  # keeps q's layout, e.g. (batch, seq, heads, dim) in memory
-    else:
-        rt.check_out("out", out, tuple(q.shape), q.dtype, q.device)
-    if lse is None:
-        lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
-    else:
-        rt.check_out("lse", lse, (batch, heads, seq_q), torch.float32, q.device)
-        if not lse.is_contiguous():
-            raise ValueError("lse must be contiguous")
+    out, lse = rt.attention_outputs(q, out, lse)
     torch.ops.studio.attention_fwd(q, k, v, kv_lengths, scale, out, lse)
     return out, lse

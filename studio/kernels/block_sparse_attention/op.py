@@ -20,8 +20,8 @@ except ImportError:  # pragma: no cover - depends on the installation
     _kernel = None
 
 OP = "block_sparse_attention"
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-HEAD_DIMS = (32, 64, 128)
+SUPPORTED_DTYPES = rt.FLOAT_DTYPES
+HEAD_DIMS = rt.ATTENTION_HEAD_DIMS
 LOG2E = 1.4426950408889634
 
 #: Launches since import, by path ("triton" or "reference"); tests read it.
@@ -30,14 +30,7 @@ LAUNCHES: Counter[str] = Counter()
 
 def fallback_reason(q: torch.Tensor) -> str | None:
     """Why this call runs the dense reference instead of Triton; None when Triton runs."""
-    reason = rt.triton_blocker(_kernel, "block_sparse_attention_fwd_kernel", q.device)
-    if reason is not None:
-        return reason
-    if q.dtype not in SUPPORTED_DTYPES:
-        return f"dtype {rt.dtype_name(q.dtype)} (Triton path: float16, bfloat16, float32)"
-    if q.shape[-1] not in HEAD_DIMS:
-        return f"head_dim {q.shape[-1]} (Triton path: {', '.join(map(str, HEAD_DIMS))})"
-    return None
+    return rt.attention_fallback_reason(_kernel, "block_sparse_attention_fwd_kernel", q)
 
 
 def _launch(q, k, v, kv_indices, kv_counts, block_m, block_n, scale, out, lse, visits) -> None:
@@ -147,16 +140,7 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         rt.check_out("visit_counter", visit_counter, (want[0],), torch.int32, q.device)
     q, k, v = (rt.last_dim_contiguous(t) for t in (q, k, v))
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    if out is None:
-        out = torch.empty_like(q)
-    else:
-        rt.check_out("out", out, tuple(q.shape), q.dtype, q.device)
-    if lse is None:
-        lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
-    else:
-        rt.check_out("lse", lse, (batch, heads, seq_q), torch.float32, q.device)
-        if not lse.is_contiguous():
-            raise ValueError("lse must be contiguous")
+    out, lse = rt.attention_outputs(q, out, lse)
     torch.ops.studio.block_sparse_attention_fwd(
         q, k, v, layout.mask, layout.kv_indices, layout.kv_counts, layout.block_m,
         layout.block_n, scale, out, lse, visit_counter)

@@ -25,8 +25,8 @@ except ImportError:  # pragma: no cover - depends on the installation
     _kernel = None
 
 OP = "sage_attention"
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-HEAD_DIMS = (32, 64, 128)
+SUPPORTED_DTYPES = rt.FLOAT_DTYPES
+HEAD_DIMS = rt.ATTENTION_HEAD_DIMS
 BLOCK_SIZES = (16, 32, 64, 128)
 FP8_MIN_CAPABILITY = (8, 9)
 
@@ -41,14 +41,7 @@ def device_supports_fp8(device: torch.device) -> bool:
 
 def fallback_reason(q: torch.Tensor) -> str | None:
     """Why this call runs the torch emulation instead of Triton; None when Triton runs."""
-    reason = rt.triton_blocker(_kernel, "sage_attention_fwd_kernel", q.device)
-    if reason is not None:
-        return reason
-    if q.dtype not in SUPPORTED_DTYPES:
-        return f"dtype {rt.dtype_name(q.dtype)} (Triton path: float16, bfloat16, float32)"
-    if q.shape[-1] not in HEAD_DIMS:
-        return f"head_dim {q.shape[-1]} (Triton path: {', '.join(map(str, HEAD_DIMS))})"
-    return None
+    return rt.attention_fallback_reason(_kernel, "sage_attention_fwd_kernel", q)
 
 
 def _launch(q, k, v, kv_lengths, scale, pv_fp8, block_m, block_n, out, lse) -> None:
@@ -157,16 +150,7 @@ def sage_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                          f"{cap[0]}.{cap[1]}; use pv_fp8=False or None")
     batch, heads, seq_q, head_dim = q.shape
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    if out is None:
-        out = torch.empty_like(q)
-    else:
-        rt.check_out("out", out, tuple(q.shape), q.dtype, q.device)
-    if lse is None:
-        lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
-    else:
-        rt.check_out("lse", lse, (batch, heads, seq_q), torch.float32, q.device)
-        if not lse.is_contiguous():
-            raise ValueError("lse must be contiguous")
+    out, lse = rt.attention_outputs(q, out, lse)
     torch.ops.studio.sage_attention_fwd(q, k, v, kv_lengths, scale, bool(pv_fp8), block_m,
                                         block_n, out, lse)
     return out, lse
