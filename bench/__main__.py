@@ -3,7 +3,8 @@
 import importlib
 import sys
 
-BENCHMARKS = {"preview": "bench.preview", "gpu-kernels": "bench.gpu.kernels"}
+BENCHMARKS = {"preview": "bench.preview", "gpu-kernels": "bench.gpu.kernels",
+              "ui-stalls": "bench.ui_stalls"}
 
 
 def main() -> int:

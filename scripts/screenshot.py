@@ -73,8 +73,12 @@ async def shoot(out: Path, workdir: Path) -> None:
 def main() -> int:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/images/studio-compare.png")
     app = QApplication([])
-    with tempfile.TemporaryDirectory() as tmp:
-        asyncio.Runner(loop_factory=lambda: qasync.QEventLoop(app)).run(shoot(out, Path(tmp)))
+    # The runner must be closed: closing the qasync loop shuts down its default executor
+    # (QThreads that ran Engine.aclose's blocking part); left open, Qt reports "QThread:
+    # Destroyed while thread is still running" at exit.
+    with tempfile.TemporaryDirectory() as tmp, \
+            asyncio.Runner(loop_factory=lambda: qasync.QEventLoop(app)) as runner:
+        runner.run(shoot(out, Path(tmp)))
     return 0
 
 

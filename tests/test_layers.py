@@ -45,7 +45,7 @@ def test_layer_does_not_load_forbidden_modules(package, forbidden):
 
 
 def test_engine_api_is_light():
-    assert loaded_after(["studio.engine.api", "studio.engine.events"],
+    assert loaded_after(["studio.engine.api", "studio.engine.events", "studio.engine.job"],
                         ["torch", "diffusers", "PySide6"]) == []
 
 

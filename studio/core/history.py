@@ -18,6 +18,14 @@ if TYPE_CHECKING:
 HISTORY_CHANGED = "history_changed"
 """Change event kind sent when the undo history changes (push, undo, redo, clean, clear)."""
 
+HISTORY_RELEASED = "history_released"
+"""Change event kind sent when the history forgets steps (the redo tail dropped by a push, the
+oldest steps past :attr:`UndoStack.limit`, or :meth:`UndoStack.clear`): media those steps held
+(:meth:`UndoStack.held_media`) may now be unreferenced, so it is a cue to collect garbage."""
+
+DEFAULT_UNDO_LIMIT = 200
+"""Undo steps a document keeps by default; older ones are forgotten."""
+
 
 class Command:
     """An undoable edit. Subclasses implement :meth:`do` and :meth:`undo`.
@@ -78,10 +86,20 @@ class UndoStack:
     the same ``merge_key``, unless the history was sealed since (:meth:`seal`, any undo, redo
     or group end) or the top step is the clean state. Undo and redo of one step (a group
     included) reach listeners as one event list.
+
+    The history is bounded: past ``limit`` steps the oldest are forgotten. Whenever steps are
+    forgotten, :data:`HISTORY_RELEASED` is sent (with :data:`HISTORY_CHANGED`).
+
+    Args:
+        document: the document the commands edit.
+        limit: the most undo steps kept (at least 1).
     """
 
-    def __init__(self, document: Document) -> None:
+    def __init__(self, document: Document, limit: int = DEFAULT_UNDO_LIMIT) -> None:
+        if not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit: expected a whole number >= 1, got {limit!r}")
         self._doc = document
+        self.limit = limit
         self._steps: list[Command] = []
         self._index = 0
         self._clean: int | None = 0
@@ -127,9 +145,23 @@ class UndoStack:
         self._sealed = True
 
     def _truncate(self) -> None:
-        del self._steps[self._index :]
+        if self._index < len(self._steps):
+            del self._steps[self._index :]
+            self._doc._emit(HISTORY_RELEASED)
         if self._clean is not None and self._clean > self._index:
             self._clean = None
+
+    def _append(self, step: Command) -> None:
+        """Records a new top step, forgetting the oldest ones past :attr:`limit`."""
+        self._steps.append(step)
+        self._index += 1
+        excess = len(self._steps) - self.limit
+        if excess > 0:
+            del self._steps[:excess]
+            self._index -= excess
+            if self._clean is not None:
+                self._clean = self._clean - excess if self._clean >= excess else None
+            self._doc._emit(HISTORY_RELEASED)
 
     def push(self, command: Command) -> None:
         """Does ``command`` and records it as an undo step (or inside the open group).
@@ -151,8 +183,7 @@ class UndoStack:
             top = self._steps[-1] if self._steps else None
             mergeable = top is not None and not self._sealed and self._index != self._clean
             if not (mergeable and _merges(top, command)):
-                self._steps.append(command)
-                self._index += 1
+                self._append(command)
             self._sealed = False
             self._doc._emit(HISTORY_CHANGED)
 
@@ -213,10 +244,10 @@ class UndoStack:
         if self._open:
             self._open[-1].commands.append(group)
             return
-        self._steps.append(group)
-        self._index += 1
-        self._sealed = True
-        self._doc._emit(HISTORY_CHANGED)
+        with self._doc.batch():
+            self._append(group)
+            self._sealed = True
+            self._doc._emit(HISTORY_CHANGED)
 
     @contextmanager
     def group(self, label: str = "") -> Iterator[None]:
@@ -235,8 +266,12 @@ class UndoStack:
         """
         if self._open:
             raise RuntimeError("clear: a group is open")
+        had_steps = bool(self._steps)
         self._steps, self._index, self._clean, self._sealed = [], 0, 0, False
-        self._doc._emit(HISTORY_CHANGED)
+        with self._doc.batch():
+            if had_steps:
+                self._doc._emit(HISTORY_RELEASED)
+            self._doc._emit(HISTORY_CHANGED)
 
     def held_media(self) -> set[str]:
         """Media ids that some undo or redo step could bring back (keep them on disk)."""

@@ -126,7 +126,7 @@ class Engine:
         Raises:
             RuntimeError: the engine was closed.
         """
-        from studio.engine.executor import Job
+        from studio.engine.job import Job
 
         if self._closed:
             raise RuntimeError("the engine is closed")

@@ -16,7 +16,6 @@ import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -24,27 +23,13 @@ import torch
 from studio.core.media import InputImageError, pixels_content_id
 from studio.core.request import EngineEnvironment, GenerationRequest, RequestError
 from studio.engine import events as ev
+from studio.engine.job import Job
 from studio.engine.models.folders import ModelError
 from studio.engine.models.registry import ModelEntry, ModelRegistry
 from studio.engine.pipelines.base import FamilyRunner, JobCancelled
 from studio.paths import log_dir
 
 log = logging.getLogger("studio.engine")
-
-
-@dataclass
-class Job:
-    """A submitted job: the request and the pixels of the inputs it names (by content id).
-
-    Attributes:
-        job_id: unique id (hex).
-        request: the request.
-        inputs: content id -> uint8 pixels ((H, W, 3), or (H, W) for masks).
-    """
-
-    job_id: str
-    request: GenerationRequest
-    inputs: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def runner_class(family: str) -> type[FamilyRunner]:
@@ -122,8 +107,10 @@ class JobExecutor:
         return EngineEnvironment(
             device=name, dtype=str(self.dtype).removeprefix("torch."),
             torch_threads=torch.get_num_threads(),
-            versions={"torch": torch.__version__, "diffusers": diffusers.__version__,
-                      "transformers": transformers.__version__, "studio": __version__,
+            # plain str: torch.__version__ is a TorchVersion, and unpickling one in the
+            # studio (events cross from the engine's process) would import torch there
+            versions={"torch": str(torch.__version__), "diffusers": str(diffusers.__version__),
+                      "transformers": str(transformers.__version__), "studio": __version__,
                       "python": platform.python_version()},
             deterministic=self.device.type == "cpu")
 

@@ -52,6 +52,7 @@ MEDIA_KINDS = ("image", "video")
 _EXT = {"image": "png", "video": "npy"}
 _MEDIA_ID = re.compile(r"[0-9a-f]{32}")
 _TEMP_PREFIX = ".tmp-"
+_TRASH = "trash"
 _PIL_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 
 
@@ -344,10 +345,7 @@ class MediaStore:
     def collect_garbage(self, keep: Iterable[str], *, orphan_grace_s: float = 3600.0) -> list[str]:
         """Deletes every medium whose id and pixels id are both outside ``keep``.
 
-        Rows go first (one transaction), then files; a crash in between leaves only orphan
-        files. Files under ``media/`` that have no row (a crash between write and commit) and
-        leftover temp files are deleted once older than ``orphan_grace_s`` seconds, so a file
-        that another process is writing right now is left alone.
+        :meth:`mark_garbage` then :meth:`sweep_garbage`; see those for the rules.
 
         Returns:
             The ids whose rows or orphan files were deleted.
@@ -356,25 +354,61 @@ class MediaStore:
             sqlite3.IntegrityError: a medium outside ``keep`` is still an artifact of a variant
                 (the caller's ``keep`` was incomplete; nothing is deleted).
         """
+        return self.sweep_garbage(self.mark_garbage(keep), orphan_grace_s=orphan_grace_s)
+
+    def mark_garbage(self, keep: Iterable[str]) -> GarbagePlan:
+        """The part of garbage collection that needs the database (the connection's thread).
+
+        Deletes the rows of every medium whose id and pixels id are both outside ``keep`` (one
+        transaction), then moves their files into ``media/trash/`` (a rename each: cheap, and
+        a later import of the same bytes cannot collide with the deletion). The slow part, the
+        deletions and the scan for orphans, is :meth:`sweep_garbage`, which may run on any
+        thread. A crash in between leaves only files without rows, which a later sweep removes.
+
+        Raises:
+            sqlite3.IntegrityError: a medium outside ``keep`` is still an artifact of a variant
+                (nothing is deleted).
+        """
         keep = set(keep)
         with self._transaction():
             rows = self._conn.execute("SELECT id, ext, pixels_id FROM media").fetchall()
             doomed = [(i, e) for i, e, p in rows if i not in keep and p not in keep]
             self._conn.executemany("DELETE FROM media WHERE id = ?", [(i,) for i, _ in doomed])
-        removed = []
+        trash = self.root / _TRASH
+        if doomed:
+            trash.mkdir(exist_ok=True)
         for media_id, ext in doomed:
-            self._path(media_id, ext).unlink(missing_ok=True)
-            removed.append(media_id)
-        known = {i for i, _, _ in rows} - {i for i, _ in doomed}
-        now = time.time()
-        for sub in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            try:
+                os.replace(self._path(media_id, ext), trash / f"{media_id}.{ext}")
+            except FileNotFoundError:
+                pass
+        known = frozenset(i for i, _, _ in rows) - {i for i, _ in doomed}
+        return GarbagePlan(self.root, tuple(i for i, _ in doomed), known, time.time())
+
+    @staticmethod
+    def sweep_garbage(plan: GarbagePlan, *, orphan_grace_s: float = 3600.0) -> list[str]:
+        """Deletes the files :meth:`mark_garbage` condemned and the orphans (any thread).
+
+        Files under ``media/`` that have no row (a crash between write and commit) and leftover
+        temp files are deleted once older than ``orphan_grace_s`` seconds (counted from the
+        mark), so a file that is being written and committed right now is left alone.
+
+        Returns:
+            The condemned ids, then the orphan ids deleted.
+        """
+        root = plan.root
+        trash = root / _TRASH
+        for path in sorted(trash.iterdir()) if trash.is_dir() else ():
+            path.unlink(missing_ok=True)  # condemned now, or by a mark a crash interrupted
+        removed = list(plan.doomed)
+        for sub in sorted(p for p in root.iterdir() if p.is_dir() and p.name != _TRASH):
             for path in sub.iterdir():
                 stem = path.name.split(".", 1)[0]
                 temp = path.name.startswith(_TEMP_PREFIX)
-                if not temp and (stem in known or not _MEDIA_ID.fullmatch(stem)):
+                if not temp and (stem in plan.known or not _MEDIA_ID.fullmatch(stem)):
                     continue
                 try:
-                    old = now - path.stat().st_mtime >= orphan_grace_s
+                    old = plan.marked_at - path.stat().st_mtime >= orphan_grace_s
                 except FileNotFoundError:
                     continue
                 if old:
@@ -385,3 +419,20 @@ class MediaStore:
         if removed:
             log.info("media: collected %d media", len(removed))
         return removed
+
+
+@dataclass(frozen=True)
+class GarbagePlan:
+    """What :meth:`MediaStore.mark_garbage` decided, for :meth:`MediaStore.sweep_garbage`.
+
+    Attributes:
+        root: the ``media/`` folder.
+        doomed: ids whose rows were deleted (their files wait in ``media/trash/``).
+        known: ids that still have rows (their files are never orphans).
+        marked_at: when the mark ran (``time.time()``); orphan ages are counted to it.
+    """
+
+    root: Path
+    doomed: tuple[str, ...]
+    known: frozenset[str]
+    marked_at: float

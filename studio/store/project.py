@@ -50,7 +50,7 @@ from studio.core.document import (
     Variant,
     json_strings,
 )
-from studio.store.media import MediaStore
+from studio.store.media import GarbagePlan, MediaStore
 
 try:  # POSIX advisory lock; elsewhere a second writer is only caught by SQLite's own locks
     import fcntl
@@ -482,11 +482,25 @@ class Project:
 
         Kept: ``keep``, artifacts of saved variants, ids (file or pixels ids) named anywhere
         in a saved request, and whatever this document's undo history could bring back. See
-        :meth:`MediaStore.collect_garbage` for the orphan-file rule.
+        :meth:`MediaStore.sweep_garbage` for the orphan-file rule. The studio runs the two
+        halves apart: :meth:`mark_garbage` on its thread, the sweep on a worker thread.
         """
-        live = set(keep) | self.referenced_media()
-        live |= self.document.media_in_use() | self.document.history.held_media()
-        return self.media.collect_garbage(live, orphan_grace_s=orphan_grace_s)
+        return self.media.sweep_garbage(self.mark_garbage(keep), orphan_grace_s=orphan_grace_s)
+
+    def mark_garbage(
+        self, keep: Iterable[str] = frozenset(), *, include_history: bool = True
+    ) -> GarbagePlan:
+        """The database half of :meth:`collect_garbage` (on the project's thread): forgets the
+        unreferenced media and returns the plan for :meth:`MediaStore.sweep_garbage`.
+
+        Args:
+            include_history: keep what the undo history could bring back (False when the
+                history is going away, e.g. the studio window is closing).
+        """
+        live = set(keep) | self.referenced_media() | self.document.media_in_use()
+        if include_history:
+            live |= self.document.history.held_media()
+        return self.media.mark_garbage(live)
 
 
 def _lock(path: Path) -> Any:

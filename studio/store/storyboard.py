@@ -2,6 +2,8 @@
 
 No Qt, no torch: the studio gathers the frames of each shot and calls
 :func:`render_storyboard`, which streams them through the encoder on whatever thread runs it.
+:func:`plan_storyboard` is the frame selection alone (which source frame each film frame
+shows); the export encodes it and the studio's storyboard playback shows it, so the two agree.
 
 Rules:
 
@@ -109,20 +111,67 @@ def letterbox(frame: np.ndarray, width: int, height: int) -> np.ndarray:
     return out
 
 
-def render_storyboard(
-    path: str | Path,
+@dataclass(frozen=True)
+class StoryboardPlan:
+    """Which source frame every frame of the film shows, by the module's rules.
+
+    The MP4 export encodes exactly these frames and the studio's storyboard playback shows
+    exactly these, so what is seen is what is exported.
+
+    Attributes:
+        shots: the shots, in order.
+        indices: per shot, the source frame index of each of its output frames.
+        width, height: the film's size (even).
+        fps: the film's frame rate.
+    """
+
+    shots: tuple[StoryboardShot, ...]
+    indices: tuple[tuple[int, ...], ...]
+    width: int
+    height: int
+    fps: float
+
+    @property
+    def num_frames(self) -> int:
+        """Frames of the whole film."""
+        return sum(len(i) for i in self.indices)
+
+    def entries(self) -> list[tuple[int, int]]:
+        """(shot index, source frame index) of every film frame, in order."""
+        return [(s, i) for s, indices in enumerate(self.indices) for i in indices]
+
+    def locate(self, k: int) -> tuple[int, int]:
+        """(shot index, source frame index) of film frame ``k``.
+
+        Raises:
+            IndexError: ``k`` is outside the film.
+        """
+        if k < 0:
+            raise IndexError(f"frame: {k} is outside the film")
+        for s, indices in enumerate(self.indices):
+            if k < len(indices):
+                return s, indices[k]
+            k -= len(indices)
+        raise IndexError("frame: past the end of the film")
+
+    def frame(self, k: int) -> np.ndarray:
+        """Film frame ``k``: uint8 (height, width, 3), letterboxed."""
+        s, i = self.locate(k)
+        return letterbox(np.asarray(self.shots[s].frames[i]), self.width, self.height)
+
+
+def plan_storyboard(
     shots: Sequence[StoryboardShot],
     *,
     width: int | None = None,
     height: int | None = None,
     fps: float | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> StoryboardResult:
-    """Encodes ``shots`` to an MP4 at ``path`` (atomically) by the module's rules.
+) -> StoryboardPlan:
+    """The film of ``shots`` (see :class:`StoryboardPlan`).
 
     Args:
-        width, height, fps: the film's size and rate (default: the first shot's).
-        progress: called with (frames written, total frames) now and then.
+        width, height, fps: the film's size and rate (default: the first shot's); odd sides
+            are rounded up to even.
     Raises:
         ValueError: no shots, a shot without frames, or a bad size or fps.
     """
@@ -139,8 +188,32 @@ def render_storyboard(
     if width < 2 or height < 2:
         raise ValueError(f"size: {width}x{height} is too small")
     width, height = width + width % 2, height + height % 2
-    plan = [(shot, source_indices(shot, fps)) for shot in shots]
-    total = sum(len(indices) for _, indices in plan)
+    indices = tuple(tuple(source_indices(shot, fps)) for shot in shots)
+    return StoryboardPlan(tuple(shots), indices, width, height, fps)
+
+
+def render_storyboard(
+    path: str | Path,
+    shots: Sequence[StoryboardShot],
+    *,
+    width: int | None = None,
+    height: int | None = None,
+    fps: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> StoryboardResult:
+    """Encodes ``shots`` to an MP4 at ``path`` (atomically) by the module's rules
+    (the frames of :func:`plan_storyboard`).
+
+    Args:
+        width, height, fps: the film's size and rate (default: the first shot's).
+        progress: called with (frames written, total frames) now and then.
+    Raises:
+        ValueError: no shots, a shot without frames, or a bad size or fps.
+    """
+    film = plan_storyboard(shots, width=width, height=height, fps=fps)
+    width, height, fps = film.width, film.height, film.fps
+    plan = list(zip(film.shots, film.indices, strict=True))
+    total = film.num_frames
     comment = json.dumps(
         {
             "storyboard": {

@@ -27,6 +27,8 @@ ACTIONS: tuple[tuple[str, str, Handler, tuple[Any, ...], str], ...] = (
      "Queue the settings as new variants"),
     ("undo", "Undo", lambda w: w.undo(), (Key.Undo,), ""),
     ("redo", "Redo", lambda w: w.redo(), ("Ctrl+Shift+Z", "Ctrl+Y"), ""),
+    ("clear_history", "Clear undo history", lambda w: w.clear_history(), (),
+     "Forget every undo step; media only they could bring back are deleted from the disk"),
     ("delete", "Delete", lambda w: w.delete(), (Key.Delete,),
      "Delete the selected variants (and their branches)"),
     ("rename", "Rename…", lambda w: w.start_rename(), ("F2",), ""),
@@ -41,6 +43,8 @@ ACTIONS: tuple[tuple[str, str, Handler, tuple[Any, ...], str], ...] = (
     ("export", "Export result…", lambda w: w.ask_export_variant(), ("Ctrl+E",), ""),
     ("contact_sheet", "Export contact sheet…", lambda w: w.ask_contact_sheet(), (), ""),
     ("storyboard", "Export storyboard MP4…", lambda w: w.timeline.ask_export(), (), ""),
+    ("play_storyboard", "Play storyboard", lambda w: w.playback.toggle(), ("Ctrl+Shift+Space",),
+     "Play the whole timeline in the canvas, as the MP4 export would"),
     ("copy_settings", "Copy settings", lambda w: w.copy_settings(), ("Ctrl+Shift+C",),
      "Copy the request JSON to the clipboard"),
     ("reproduce", "Reproduce", lambda w: w.reproduce(), (),
@@ -62,12 +66,12 @@ ACTIONS: tuple[tuple[str, str, Handler, tuple[Any, ...], str], ...] = (
 MENUS: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     ("&File", ("open_project", None, "export", "contact_sheet", "storyboard", None,
                "settings", None, "quit")),
-    ("&Edit", ("undo", "redo", None, "rename", "star", "delete", None, "copy_settings",
+    ("&Edit", ("undo", "redo", "clear_history", None, "rename", "star", "delete", None, "copy_settings",
                "paste")),
     ("&Generate", ("generate", "branch", "reproduce", None, "use_init", "use_first",
                    "use_reference", None, "retry", "cancel")),
     ("&View", ("compare", "add_shot", None, "fit", "actual_size", None, "play", "prev_frame",
-               "next_frame", None)),
+               "next_frame", "play_storyboard", None)),
 )
 
 VARIANT_MENU: tuple[str | None, ...] = (

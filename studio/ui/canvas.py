@@ -7,6 +7,13 @@
 * Dropping (or pasting) an image offers it as an input: the canvas emits :attr:`inputOffered`
   with the file's path or bytes; decoding happens off the GUI thread in the controller, and a
   damaged file comes back as a message in the canvas's banner (:meth:`show_error`).
+* In image-to-image mode with an init image, the Mask tool (:attr:`mask_editor`, see
+  :mod:`studio.ui.mask_tool`) shows the init image and paints the inpainting mask over it.
+* The timeline's storyboard plays here (:meth:`show_storyboard`): the film frames of
+  :func:`~studio.store.storyboard.plan_storyboard`, the ones the MP4 export encodes, at the
+  film's frame rate, with the same player controls.
+
+Selecting a variant leaves the mask tool and the storyboard.
 """
 
 from __future__ import annotations
@@ -20,9 +27,12 @@ from PySide6.QtGui import QDragEnterEvent, QDropEvent, QGuiApplication, QImage
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
 
 from studio.core.document import PENDING, ChangeEvent, Document, Status
+from studio.core.request import MediaRef
+from studio.store.storyboard import StoryboardPlan
 from studio.ui.background import to_qimage
 from studio.ui.controller import StudioController, describe
 from studio.ui.image_view import FramePlayer, ImageView, PlayerControls
+from studio.ui.mask_tool import MaskEditor
 from studio.ui.media_cache import MediaCache
 from studio.ui.queue_panel import format_eta
 from studio.ui.variants import variant_label
@@ -55,14 +65,19 @@ def offered_images(mime: QMimeData) -> list[tuple[bytes | Path, str]]:
     return out
 
 
+VARIANT, MASK, STORYBOARD = "variant", "mask", "storyboard"
+
+
 class Canvas(QWidget):
-    """Shows one variant (see the module docstring).
+    """Shows one variant, the mask tool or the storyboard (see the module docstring).
 
     Signals:
         inputOffered(object, str): an image was dropped or pasted: (path or bytes, name).
+        modeChanged(str): what the canvas shows changed: "variant", "mask" or "storyboard".
     """
 
     inputOffered = Signal(object, str)
+    modeChanged = Signal(str)
 
     def __init__(self, document: Document, media: MediaCache, controller: StudioController,
                  parent: QWidget | None = None) -> None:
@@ -73,7 +88,11 @@ class Canvas(QWidget):
         self._vid: str | None = None
         self._frames: np.ndarray | None = None
         self._media_id: str | None = None
+        self._mode = VARIANT
+        self._film: StoryboardPlan | None = None
+        self._mask_source: str | None = None
         self.view = ImageView()
+        self.mask_editor = MaskEditor(document, self.view)
         self.player = FramePlayer(self)
         self.controls = PlayerControls(self.player)
         self.caption = QLabel("")
@@ -91,12 +110,14 @@ class Canvas(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self._banner_box)
+        layout.addWidget(self.mask_editor)
         layout.addWidget(self.view, 1)
         layout.addWidget(self.controls)
         layout.addWidget(self.caption)
         self.setAcceptDrops(True)
         self.banner_close.clicked.connect(self.clear_banner)
         self.player.positionChanged.connect(self._show_frame)
+        self.mask_editor.activeChanged.connect(self._on_mask_active)
         controller.previewReady.connect(self._on_preview)
         controller.progressChanged.connect(self._on_progress)
         self._unsubscribe = document.subscribe(self._on_document)
@@ -108,25 +129,43 @@ class Canvas(QWidget):
 
     # -- what is shown ----------------------------------------------------------------------
     @property
+    def mode(self) -> str:
+        """What is shown: "variant", "mask" (the mask tool) or "storyboard"."""
+        return self._mode
+
+    def _set_mode(self, mode: str) -> None:
+        if mode == self._mode:
+            return
+        self._mode = mode
+        if mode != MASK and self.mask_editor.is_active():
+            self.mask_editor.set_active(False)  # (its activeChanged sees the new mode)
+        if mode != STORYBOARD:
+            self._film = None
+        self.modeChanged.emit(mode)
+
+    @property
     def variant_id(self) -> str | None:
-        """The variant shown."""
-        return self._vid
+        """The variant shown (None while the mask tool or the storyboard is shown)."""
+        return self._vid if self._mode == VARIANT else None
 
     @property
     def frames(self) -> np.ndarray | None:
         """The result frames shown (F, H, W, 3), or None."""
-        return self._frames
+        return self._frames if self._mode == VARIANT else None
 
     def current_frame(self) -> np.ndarray | None:
-        """The frame on screen (H, W, 3) of the result, or None."""
-        if self._frames is None or not len(self._frames):
+        """The frame on screen (H, W, 3): of the result, or of the storyboard; else None."""
+        if self._mode == STORYBOARD and self._film is not None:
+            return self._film.frame(min(self.player.position, self._film.num_frames - 1))
+        if self._mode != VARIANT or self._frames is None or not len(self._frames):
             return None
         return np.asarray(self._frames[min(self.player.position, len(self._frames) - 1)])
 
     def show_variant(self, variant_id: str | None) -> None:
-        """Shows a variant (None: nothing)."""
+        """Shows a variant (None: nothing); leaves the mask tool and the storyboard."""
         if variant_id is not None and not self._doc.has_variant(variant_id):
             variant_id = None
+        self._set_mode(VARIANT)
         self._vid = variant_id
         self._frames = None
         self._media_id = None
@@ -157,7 +196,7 @@ class Canvas(QWidget):
             self.view.set_message(f"{v.status}: {v.error or ''}".strip(": "))
 
     def _on_frames(self, media_id: str, frames: np.ndarray | None) -> None:
-        if media_id != self._media_id:
+        if media_id != self._media_id or self._mode != VARIANT:
             return
         if frames is None:
             self.view.set_image(None)
@@ -175,18 +214,28 @@ class Canvas(QWidget):
         self._show_frame(0)
 
     def _show_frame(self, position: int) -> None:
+        if self._mode == MASK:
+            return
         frame = self.current_frame()
         if frame is not None:
             self.view.set_image(to_qimage(frame))
+        if self._mode == STORYBOARD and self._film is not None:
+            film = self._film
+            k = min(position, film.num_frames - 1)
+            shot, _ = film.locate(k)
+            self.caption.setText(f"Storyboard — shot {shot + 1}/{len(film.shots)} · frame "
+                                 f"{k + 1}/{film.num_frames} · {film.width}x{film.height}, "
+                                 f"{film.fps:g} fps")
 
     def _on_preview(self, variant_id: str) -> None:
-        if variant_id == self._vid:
+        if variant_id == self._vid and self._mode == VARIANT:
             preview = self._controller.preview(variant_id)
             if preview is not None:
                 self.view.set_image(to_qimage(preview))
 
     def _on_progress(self, variant_id: str) -> None:
-        if variant_id != self._vid or not self._doc.has_variant(variant_id):
+        if variant_id != self._vid or not self._doc.has_variant(variant_id) or \
+                self._mode != VARIANT:
             return
         v = self._doc.variant(variant_id)
         if v.status not in PENDING:
@@ -206,6 +255,10 @@ class Canvas(QWidget):
         vid = self._vid
         if vid is None:
             return
+        if self._mode != VARIANT:  # shown again when the mask tool or storyboard is left
+            if not self._doc.has_variant(vid):
+                self._vid = None
+            return
         if not self._doc.has_variant(vid):
             self.show_variant(None)
             return
@@ -220,6 +273,61 @@ class Canvas(QWidget):
             self.show_variant(vid)
         else:
             self.caption.setText(f"{variant_label(v)} — {describe(v.request)}")
+
+    # -- the mask tool ----------------------------------------------------------------------
+    def set_mask_source(self, ref: MediaRef | None) -> None:
+        """The init image the Mask tool paints on (None: not in image-to-image mode, or no
+        init image). Its size comes from the project's media; its pixels load off the GUI
+        thread. An init image the project does not hold leaves the tool unavailable."""
+        key = ref.content_id if ref is not None else None
+        if key == self._mask_source:
+            return
+        self._mask_source = key
+        media_id = self._media.find_by_pixels(key) if key is not None else None
+        if media_id is None:
+            self.mask_editor.set_source(None, None)
+            return
+        h, w = self._media.info(media_id)["meta"]["shape"][:2]
+        self.mask_editor.set_source(key, (int(w), int(h)))
+
+        def loaded(frames: np.ndarray | None) -> None:
+            if frames is not None:
+                self.mask_editor.set_image(key, to_qimage(np.asarray(frames[0])))
+
+        self._media.request_frames(media_id, loaded)
+
+    def _on_mask_active(self, on: bool) -> None:
+        if on:
+            self._set_mode(MASK)
+            self.player.set_source(0, 16.0)
+            self.controls.refresh()
+            mask = self.mask_editor.mask()
+            self.caption.setText("Mask on the init image: painted areas are repainted, the "
+                                 "rest keeps the init image" if mask is not None else "")
+        elif self._mode == MASK:
+            self.show_variant(self._vid)
+
+    # -- the storyboard ---------------------------------------------------------------------
+    @property
+    def storyboard(self) -> StoryboardPlan | None:
+        """The storyboard shown, if any."""
+        return self._film if self._mode == STORYBOARD else None
+
+    def show_storyboard(self, film: StoryboardPlan, position: int = 0) -> None:
+        """Shows the storyboard's film (paused at ``position``); play it with :attr:`player`
+        at the film's frame rate."""
+        self._set_mode(STORYBOARD)
+        self._film = film
+        self.view.set_message("")
+        self.player.set_source(film.num_frames, film.fps)
+        self.controls.refresh()
+        self.player.seek(position)
+        self._show_frame(self.player.position)
+
+    def leave_storyboard(self) -> None:
+        """Goes back to the selected variant."""
+        if self._mode == STORYBOARD:
+            self.show_variant(self._vid)
 
     # -- messages ---------------------------------------------------------------------------
     def show_error(self, text: str) -> None:

@@ -4,15 +4,24 @@
   pan: the wheel zooms around the cursor, a drag pans, :meth:`fit` and :meth:`actual_size`
   reset. Its view state is (zoom or None for "fit", centre as a fraction of the image), so
   views of pictures of different sizes can be kept in step (:meth:`view_state`,
-  :meth:`set_view_state`, :attr:`viewChanged`).
+  :meth:`set_view_state`, :attr:`viewChanged`). An overlay image (the inpainting mask) can be
+  drawn over the picture, and a :class:`ViewTool` (the mask brush) can take the left button:
+  it gets image-pixel coordinates, and the middle button still pans.
 * :class:`FramePlayer` is the clock of a video: position, play/pause, loop, frame step. One
-  player can drive several views (the compare view's synchronized playback).
+  player can drive several views (the compare view's synchronized playback). Playback follows
+  a clock (``time.monotonic`` by default; tests pass a fake one and call :meth:`tick`): the
+  frame shown is the one due at the clock's time, so a slow repaint skips frames instead of
+  slowing the film down.
 * :class:`PlayerControls` are the buttons and the scrub slider of a player.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import QObject, QPointF, QRectF, QSize, Qt, QTimer, Signal
+import math
+import time
+from collections.abc import Callable
+
+from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import (
     QColor,
     QImage,
@@ -36,6 +45,26 @@ MIN_ZOOM, MAX_ZOOM = 0.02, 64.0
 BACKGROUND = QColor(32, 32, 34)
 
 
+class ViewTool:
+    """Something the left mouse button does on an :class:`ImageView` instead of panning.
+
+    Coordinates are image pixels (x right, y down; pixel (i, j) covers [j, j+1) x [i, i+1)).
+    """
+
+    def press(self, x: float, y: float) -> None:
+        """The button went down at (x, y)."""
+
+    def move(self, x: float, y: float) -> None:
+        """The pointer moved to (x, y) with the button down."""
+
+    def release(self) -> None:
+        """The button went up (or the gesture was interrupted)."""
+
+    def radius(self) -> float:
+        """Radius in image pixels of the ring drawn around the pointer (0: none)."""
+        return 0.0
+
+
 class ImageView(QWidget):
     """Shows a QImage with zoom and pan; optionally a second image right of a wipe line.
 
@@ -54,6 +83,10 @@ class ImageView(QWidget):
         self._center = (0.5, 0.5)
         self._message = ""
         self._drag: QPointF | None = None
+        self._overlay: QImage | None = None
+        self._tool: ViewTool | None = None
+        self._tool_down = False
+        self._hover: QPointF | None = None
         self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
         self.setMinimumSize(96, 96)
         self.setAttribute(Qt.WidgetAttribute.WA_OpaquePaintEvent)
@@ -72,6 +105,38 @@ class ImageView(QWidget):
     def image(self) -> QImage | None:
         """The image shown (None when empty)."""
         return self._image
+
+    def set_overlay(self, overlay: QImage | None) -> None:
+        """Draws ``overlay`` (e.g. a translucent mask, the image's size) over the image."""
+        self._overlay = overlay if overlay is not None and not overlay.isNull() else None
+        self.update()
+
+    def overlay(self) -> QImage | None:
+        """The overlay drawn (None when none)."""
+        return self._overlay
+
+    def set_tool(self, tool: ViewTool | None) -> None:
+        """Gives the left button to ``tool`` (None: the left button pans again)."""
+        if self._tool is not None and self._tool_down:
+            self._tool.release()
+        self._tool, self._tool_down = tool, False
+        self.setMouseTracking(tool is not None)
+        if tool is not None:
+            self.setCursor(Qt.CursorShape.CrossCursor)
+        else:
+            self.unsetCursor()
+            self._hover = None
+        self.update()
+
+    def tool(self) -> ViewTool | None:
+        """The tool holding the left button, if any."""
+        return self._tool
+
+    def to_image(self, pos: QPointF) -> QPointF:
+        """Widget coordinates to image pixels (meaningless without an image)."""
+        rect = self.image_rect()
+        s = self.scale()
+        return QPointF((pos.x() - rect.left()) / s, (pos.y() - rect.top()) / s)
 
     def set_split(self, fraction: float) -> None:
         """Where the wipe line is, as a fraction of the image width (0-1)."""
@@ -176,6 +241,15 @@ class ImageView(QWidget):
                 p.restore()
                 p.setPen(QPen(QColor(255, 255, 255), 2))
                 p.drawLine(QPointF(x, rect.top()), QPointF(x, rect.bottom()))
+            if self._overlay is not None:
+                p.drawImage(rect, self._overlay)
+            radius = self._tool.radius() * self.scale() if self._tool is not None else 0.0
+            if radius > 0 and self._hover is not None:
+                p.setRenderHint(QPainter.RenderHint.Antialiasing, True)
+                p.setBrush(Qt.BrushStyle.NoBrush)
+                for color, width in ((QColor(0, 0, 0), 3), (QColor(255, 255, 255), 1)):
+                    p.setPen(QPen(color, width))
+                    p.drawEllipse(self._hover, radius, radius)
         if self._message:
             p.setPen(QColor(235, 235, 235))
             box = self.rect().adjusted(8, 8, -8, -8)
@@ -191,14 +265,26 @@ class ImageView(QWidget):
         event.accept()
 
     def mousePressEvent(self, event: QMouseEvent) -> None:  # noqa: N802
-        """Starts a pan (left or middle button)."""
-        if event.button() in (Qt.MouseButton.LeftButton, Qt.MouseButton.MiddleButton):
+        """Starts a pan (left or middle button), or the tool's gesture (left, with a tool)."""
+        button = event.button()
+        if button == Qt.MouseButton.LeftButton and self._tool is not None:
+            if self._image is not None:
+                self._tool_down = True
+                at = self.to_image(event.position())
+                self._tool.press(at.x(), at.y())
+        elif button in (Qt.MouseButton.LeftButton, Qt.MouseButton.MiddleButton):
             self._drag = event.position()
             self.setCursor(Qt.CursorShape.ClosedHandCursor)
         super().mousePressEvent(event)
 
     def mouseMoveEvent(self, event: QMouseEvent) -> None:  # noqa: N802
-        """Pans while dragging."""
+        """Pans while dragging; feeds the tool's gesture; moves the brush ring."""
+        if self._tool is not None:
+            self._hover = event.position()
+            self.update()
+        if self._tool_down and self._tool is not None:
+            at = self.to_image(event.position())
+            self._tool.move(at.x(), at.y())
         if self._drag is not None:
             delta = event.position() - self._drag
             self._drag = event.position()
@@ -206,13 +292,29 @@ class ImageView(QWidget):
         super().mouseMoveEvent(event)
 
     def mouseReleaseEvent(self, event: QMouseEvent) -> None:  # noqa: N802
-        """Ends a pan."""
-        self._drag = None
-        self.unsetCursor()
+        """Ends a pan or the tool's gesture."""
+        if self._tool_down and event.button() == Qt.MouseButton.LeftButton:
+            self._tool_down = False
+            if self._tool is not None:
+                self._tool.release()
+        elif self._drag is not None:
+            self._drag = None
+            if self._tool is not None:
+                self.setCursor(Qt.CursorShape.CrossCursor)
+            else:
+                self.unsetCursor()
         super().mouseReleaseEvent(event)
 
+    def leaveEvent(self, event: QEvent) -> None:  # noqa: N802
+        """Hides the brush ring."""
+        self._hover = None
+        self.update()
+        super().leaveEvent(event)
+
     def mouseDoubleClickEvent(self, event: QMouseEvent) -> None:  # noqa: N802
-        """Double click toggles fit / 100%."""
+        """Double click toggles fit / 100% (not while a tool holds the left button)."""
+        if self._tool is not None and event.button() == Qt.MouseButton.LeftButton:
+            return
         if self._zoom is None:
             self.actual_size()
         else:
@@ -235,14 +337,18 @@ class FramePlayer(QObject):
     positionChanged = Signal(int)
     playingChanged = Signal(bool)
 
-    def __init__(self, parent: QObject | None = None) -> None:
+    def __init__(self, parent: QObject | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(parent)
         self._count = 0
         self._fps = 16.0
         self._position = 0
         self.loop = True
+        self.clock = clock
+        self._anchor = (0.0, 0)  # (clock time, position) playback is counted from
         self._timer = QTimer(self)
-        self._timer.timeout.connect(self._tick)
+        self._timer.setTimerType(Qt.TimerType.PreciseTimer)
+        self._timer.timeout.connect(self.tick)
 
     @property
     def frame_count(self) -> int:
@@ -269,7 +375,8 @@ class FramePlayer(QObject):
         self.pause()
         self._count = max(0, int(frame_count))
         self._fps = fps if fps and fps > 0 else 16.0
-        self._timer.setInterval(max(5, round(1000 / self._fps)))
+        # polled at twice the frame rate: a frame is shown at most half a frame late
+        self._timer.setInterval(max(5, round(500 / self._fps)))
         self._position = 0
         self.positionChanged.emit(0)
 
@@ -279,6 +386,7 @@ class FramePlayer(QObject):
             return
         if self._position >= self._count - 1 and not self.loop:
             self.seek(0)
+        self._anchor = (self.clock(), self._position)
         self._timer.start()
         self.playingChanged.emit(True)
 
@@ -306,18 +414,28 @@ class FramePlayer(QObject):
         self.seek(target)
 
     def seek(self, position: int) -> None:
-        """Goes to a frame (clamped)."""
+        """Goes to a frame (clamped); playback, if running, goes on from there."""
+        self._go(position)
+        self._anchor = (self.clock(), self._position)
+
+    def _go(self, position: int) -> None:
         position = min(max(int(position), 0), max(self._count - 1, 0))
         if position != self._position:
             self._position = position
             self.positionChanged.emit(position)
 
-    def _tick(self) -> None:
-        if self._position + 1 < self._count:
-            self.seek(self._position + 1)
+    def tick(self) -> None:
+        """Shows the frame due at the clock's time (the timer calls this while playing)."""
+        if not self.playing or self._count <= 1:
+            return
+        start_time, start = self._anchor
+        target = start + math.floor((self.clock() - start_time) * self._fps + 1e-6)
+        if target < self._count:
+            self._go(target)
         elif self.loop:
-            self.seek(0)
+            self._go(target % self._count)
         else:
+            self._go(self._count - 1)
             self.pause()
 
 

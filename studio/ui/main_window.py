@@ -10,6 +10,13 @@ is a QAction (menus, context menus, shortcuts and tests use the same ones):
 
 Text fields keep their own keys (Space types a space in the prompt; Ctrl+Z undoes typing):
 Qt gives a focused text widget first refusal of such shortcuts.
+
+The window also ties together what spans panels: the canvas's Mask tool follows the settings
+panel's init image and hands its mask to the draft (stored in the project's media when it is
+generated with); the timeline's Play shows the storyboard in the canvas; and a
+:class:`~studio.ui.garbage.MediaCollector` deletes media the document and its (bounded) undo
+history no longer refer to, off the GUI thread, when the history lets go of some, when the
+window starts and when it shuts down.
 """
 
 from __future__ import annotations
@@ -57,10 +64,13 @@ from studio.ui.exporting import (
     export_variant,
     settings_text,
 )
+from studio.ui.garbage import MediaCollector
+from studio.ui.mask_tool import MaskLink
 from studio.ui.media_cache import MediaCache
 from studio.ui.params import ParamsPanel
 from studio.ui.queue_panel import QueueModel, QueuePanel, format_eta
 from studio.ui.settings import AppSettings, SettingsDialog
+from studio.ui.storyboard_playback import StoryboardPlayback
 from studio.ui.timeline import TimelineModel, TimelinePanel
 from studio.ui.variants import VariantPanel, VariantTreeModel, variant_label
 
@@ -114,7 +124,14 @@ class MainWindow(QMainWindow):
         self.controller = StudioController(project, self.background,
                                            config=self.settings.worker_config(),
                                            engine_factory=engine_factory, parent=self)
+        self.collector = MediaCollector(project, self.background, self._draft_media,
+                                        parent=self)
         self._build_views()
+        self.mask_link = MaskLink(self.canvas, self.params, project.media, self.media,
+                                  self.background, self.notify, parent=self)
+        self.playback = StoryboardPlayback(
+            self.document, self.canvas, self.timeline,
+            lambda: self.tabs.setCurrentWidget(self.canvas), self.spawn, parent=self)
         create_actions(self)
         create_menus(self)
         self._wire()
@@ -175,11 +192,13 @@ class MainWindow(QMainWindow):
         self.timeline.message.connect(self.notify)
         self.compare.message.connect(self.notify)
         self.media.thumbnailReady.connect(lambda *_: self.params.update())
+        self.timeline.playRequested.connect(lambda: self._guard(self.playback.toggle))
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
         """Starts the engine and runs the queued variants (on the running asyncio loop)."""
         await self.controller.start()
+        self.collector.request()  # what the last session left behind
         if self.project.recovered:
             self.notify(f"{len(self.project.recovered)} generation(s) were interrupted when "
                         f"the studio stopped; select them in the Queue and press Retry.")
@@ -192,8 +211,10 @@ class MainWindow(QMainWindow):
         for task in list(self._tasks):
             task.cancel()
         await self.controller.aclose()
+        await self.collector.aclose(final=True)  # the undo history goes with the window
         self._unsubscribe()
-        for model in (self.variant_model, self.timeline_model, self.queue_model, self.canvas):
+        for model in (self.variant_model, self.timeline_model, self.queue_model, self.canvas,
+                      self.playback):
             model.detach()
         self.background.shutdown()
 
@@ -292,6 +313,7 @@ class MainWindow(QMainWindow):
         self.undo_action.setText(f"Undo {h.undo_label}" if h.can_undo else "Undo")
         self.redo_action.setEnabled(h.can_redo)
         self.redo_action.setText(f"Redo {h.redo_label}" if h.can_redo else "Redo")
+        self.clear_history_action.setEnabled(len(h) > 0)
         ids = self.selected_ids()
         current = self.current_id()
         cv = self.document.variant(current) if current else None
@@ -329,6 +351,7 @@ class MainWindow(QMainWindow):
     def generate(self) -> list[str]:
         """Queues the settings panel's batch as new variants (one undo step); selects the
         first so the canvas shows its previews. Returns the new ids ([] when invalid)."""
+        self.mask_link.store()
         requests = self.params.batch_requests()
         if not requests:
             problems = "; ".join(str(p) for p in self.params.problems())
@@ -351,6 +374,8 @@ class MainWindow(QMainWindow):
         v = self.document.variant(vid)
         request = GenerationRequest.from_json(v.request_json)
         notes = self.params.set_from_request(request, self._ref_thumbnail)
+        if request.mode == "i2i" and request.mask is not None:
+            self.mask_link.load(request.mask, f"Mask of {variant_label(v)}")
         self.params.set_parent(vid, variant_label(v))
         self.docks["paramsDock"].show()
         self.docks["paramsDock"].raise_()
@@ -451,6 +476,20 @@ class MainWindow(QMainWindow):
     def _ref_thumbnail(self, ref: MediaRef) -> QImage | None:
         media_id = self.project.media.find_by_pixels(ref.content_id)
         return self.media.thumbnail(media_id) if media_id else None
+
+    # -- media lifetime ---------------------------------------------------------------------
+    def _draft_media(self) -> set[str]:
+        """Pixels ids the settings panel holds (inputs and the mask), kept by the collector."""
+        ids = {ref.content_id for ref in self.params.input_refs()}
+        ref = self.mask_link.ref()
+        if ref is not None:
+            ids.add(ref.content_id)
+        return ids
+
+    def clear_history(self) -> None:
+        """Forgets the undo history; media only it could bring back are deleted."""
+        self.document.history.clear()
+        self.notify("Undo history cleared.")
 
     # -- editing ----------------------------------------------------------------------------
     def undo(self) -> None:

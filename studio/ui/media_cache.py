@@ -81,6 +81,10 @@ class MediaCache(QObject):
         """kind, ext, pixels_id and meta of a medium (GUI thread)."""
         return self._media.info(media_id)
 
+    def find_by_pixels(self, pixels_id: str) -> str | None:
+        """The stored medium whose pixels have this content id, or None (GUI thread)."""
+        return self._media.find_by_pixels(pixels_id)
+
     def error(self, media_id: str) -> str:
         """Why a medium could not be read ("" when it could, or has not been tried)."""
         return self._errors.get(media_id, "")

@@ -81,6 +81,7 @@ class ParamsPanel(QWidget):
         self._errors: dict[str, QLabel] = {}
         self._updating = False
         self._problems: list[RequestProblem] = []
+        self._mask: MediaRef | None = None
         self.parent_id: str | None = None
         self._build()
         self._wire()
@@ -102,6 +103,9 @@ class ParamsPanel(QWidget):
         self.references_slot = InputSlot(multi=True)
         self.strength_spin = QDoubleSpinBox(minimum=0.0, maximum=1.0, singleStep=0.05,
                                             decimals=2, value=0.8)
+        self.mask_label = QLabel("")
+        self.mask_label.setWordWrap(True)
+        self.mask_label.hide()
         self.seed_edit = QLineEdit("1")
         self.seed_edit.setInputMask("")
         self.seed_edit.setMaxLength(19)
@@ -165,7 +169,13 @@ class ParamsPanel(QWidget):
         row("Mode", self.mode_combo, "mode")
         row("Prompt", self.prompt_edit, "prompt")
         row("Negative", self.negative_edit, "negative_prompt")
-        self.init_row = row("Init image", self.init_slot, "init_image", "mask")
+        init_box = QWidget()
+        init_lay = QVBoxLayout(init_box)
+        init_lay.setContentsMargins(0, 0, 0, 0)
+        init_lay.setSpacing(1)
+        init_lay.addWidget(self.init_slot)
+        init_lay.addWidget(self.mask_label)
+        self.init_row = row("Init image", init_box, "init_image", "mask")
         self.strength_row = row("Strength", self.strength_spin, "strength")
         self.first_frame_row = row("First frame", self.first_frame_slot, "first_frame")
         self.references_row = row("References", self.references_slot, "references")
@@ -448,6 +458,25 @@ class ParamsPanel(QWidget):
         self._changed()
         return note
 
+    def set_mask(self, ref: MediaRef | None, note: str = "") -> None:
+        """The inpainting mask painted on the init image (None: repaint everything); the
+        draft carries it in image-to-image mode. ``note`` is shown under the init image."""
+        self.mask_label.setText(note if ref is not None else "")
+        self.mask_label.setVisible(ref is not None and bool(note))
+        if ref != self._mask:
+            self._mask = ref
+            self._changed()
+
+    def mask_ref(self) -> MediaRef | None:
+        """The mask the draft carries in image-to-image mode (None: none)."""
+        return self._mask
+
+    def input_refs(self) -> list[MediaRef]:
+        """Every input the panel holds, mask included (their media must stay stored)."""
+        refs = [*self.init_slot.refs(), *self.first_frame_slot.refs(),
+                *self.references_slot.refs()]
+        return refs + ([self._mask] if self._mask is not None else [])
+
     # -- the draft --------------------------------------------------------------------------
     def draft(self) -> GenerationRequest:
         """The request the widgets describe now (it may be invalid; see :meth:`problems`)."""
@@ -471,6 +500,7 @@ class ParamsPanel(QWidget):
             model_hash=self.model_hash(),
             init_image=init[0] if mode == "i2i" and init else None,
             strength=round(self.strength_spin.value(), 4),
+            mask=self._mask if mode == "i2i" and init else None,
             first_frame=first[0] if mode == "i2v" and first else None,
             references=self.references_slot.refs() if mode == "r2v" else (),
             optimization=OptimizationSettings(self.profile_combo.currentText()),
@@ -574,6 +604,7 @@ class ParamsPanel(QWidget):
             self.strength_spin.setValue(request.strength)
             self.profile_combo.setCurrentText(request.optimization.profile)
             self.init_slot.set_items([(r, thumbnail(r)) for r in (request.init_image,) if r])
+            self._mask = request.mask
             self.first_frame_slot.set_items(
                 [(r, thumbnail(r)) for r in (request.first_frame,) if r])
             self.references_slot.set_items([(r, thumbnail(r)) for r in request.references])

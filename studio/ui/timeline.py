@@ -3,7 +3,9 @@
 :class:`TimelineModel` is a flat model over ``Document.shots()``; reordering (drag and drop or
 the Up/Down buttons), trims and durations are undoable commands (a trim drag merges into one
 step). "Export MP4" renders the whole storyboard with :mod:`studio.store.storyboard` (its
-docstring holds the size, letterbox and frame-rate rules) on a worker thread.
+docstring holds the size, letterbox and frame-rate rules) on a worker thread. "Play" plays the
+same film in the canvas (the window wires :attr:`TimelinePanel.playRequested`), frame for
+frame what the export encodes.
 """
 
 from __future__ import annotations
@@ -276,15 +278,20 @@ class TimelineModel(QAbstractTableModel):
 
 
 class TimelinePanel(QWidget):
-    """The timeline table with add/remove/reorder, trim and duration editors and export.
+    """The timeline table with add/remove/reorder, trim and duration editors, playback and
+    export.
 
     Signals:
         message(str, bool): something to tell the user (text, is_error).
         exported(object): a :class:`StoryboardResult` after a successful export.
+        playRequested(): Play / pause of the storyboard was clicked.
+        stopRequested(): Stop was clicked (leave the storyboard playback).
     """
 
     message = Signal(str, bool)
     exported = Signal(object)
+    playRequested = Signal()
+    stopRequested = Signal()
 
     def __init__(self, model: TimelineModel, document: Document, background: Background,
                  media: MediaCache, parent: QWidget | None = None) -> None:
@@ -309,6 +316,11 @@ class TimelinePanel(QWidget):
         self.up_button = QPushButton("Up")
         self.down_button = QPushButton("Down")
         self.export_button = QPushButton("Export MP4…")
+        self.play_button = QPushButton("▶ Play")
+        self.play_button.setToolTip("Play the whole storyboard in the canvas, as exported")
+        self.stop_button = QPushButton("■ Stop")
+        self.stop_button.setToolTip("Stop playing the storyboard")
+        self.stop_button.setEnabled(False)
         self.in_spin = QSpinBox(minimum=0, maximum=100_000, prefix="in ")
         self.out_spin = QSpinBox(minimum=0, maximum=100_000, prefix="out ",
                                  specialValueText="out: end")
@@ -319,6 +331,8 @@ class TimelinePanel(QWidget):
         for b in (self.remove_button, self.up_button, self.down_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
+        buttons.addWidget(self.play_button)
+        buttons.addWidget(self.stop_button)
         buttons.addWidget(self.export_button)
         editors = QHBoxLayout()
         editors.addWidget(QLabel("Trim"))
@@ -337,6 +351,8 @@ class TimelinePanel(QWidget):
         self.up_button.clicked.connect(lambda: self.move_selected(-1))
         self.down_button.clicked.connect(lambda: self.move_selected(1))
         self.export_button.clicked.connect(self.ask_export)
+        self.play_button.clicked.connect(self.playRequested)
+        self.stop_button.clicked.connect(self.stopRequested)
         self.in_spin.valueChanged.connect(self._on_trim)
         self.out_spin.valueChanged.connect(self._on_trim)
         self.duration_spin.valueChanged.connect(self._on_duration)
@@ -428,18 +444,15 @@ class TimelinePanel(QWidget):
             return
         self._doc.history.push(SetShotDuration(sid, round(value, 3)))
 
-    # -- export -----------------------------------------------------------------------------
-    def ask_export(self) -> None:
-        """Asks where to write the storyboard MP4, then exports it."""
-        path, _ = QFileDialog.getSaveFileName(self, "Export storyboard", "storyboard.mp4",
-                                              "MP4 video (*.mp4)")
-        if path:
-            if not path.lower().endswith(".mp4"):
-                path += ".mp4"
-            asyncio.ensure_future(self.export_mp4(path))
+    def set_playing(self, shown: bool, playing: bool) -> None:
+        """Follows the canvas: whether the storyboard is shown there, and playing."""
+        self.play_button.setText("❚❚ Pause" if playing else "▶ Play")
+        self.stop_button.setEnabled(shown)
 
-    async def export_mp4(self, path: str | Path) -> StoryboardResult | None:
-        """Renders the storyboard to ``path``; reports problems through :attr:`message`."""
+    # -- export -----------------------------------------------------------------------------
+    async def gather_shots(self) -> list[StoryboardShot] | None:
+        """The shots' frames (loaded off the GUI thread) and timing, in order; None (with a
+        message) when the timeline is empty or a shot has no readable result."""
         shots = self._doc.shots()
         if not shots:
             self.message.emit("The timeline is empty: add variants to it first.", True)
@@ -460,6 +473,22 @@ class TimelinePanel(QWidget):
             items.append(StoryboardShot(
                 frames, float(request.get("fps") or 16.0), shot.in_frame, shot.out_frame,
                 shot.duration_s, {"variant_id": v.id, "name": v.name, "request": request}))
+        return items
+
+    def ask_export(self) -> None:
+        """Asks where to write the storyboard MP4, then exports it."""
+        path, _ = QFileDialog.getSaveFileName(self, "Export storyboard", "storyboard.mp4",
+                                              "MP4 video (*.mp4)")
+        if path:
+            if not path.lower().endswith(".mp4"):
+                path += ".mp4"
+            asyncio.ensure_future(self.export_mp4(path))
+
+    async def export_mp4(self, path: str | Path) -> StoryboardResult | None:
+        """Renders the storyboard to ``path``; reports problems through :attr:`message`."""
+        items = await self.gather_shots()
+        if items is None:
+            return None
         self.export_button.setEnabled(False)
         self.status.setText("Exporting…")
         try:

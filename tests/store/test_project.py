@@ -470,3 +470,24 @@ def test_orphan_files_wait_for_the_grace_period(project: Project) -> None:
     os.utime(temp, (old, old))
     assert project.collect_garbage() == [young.name.split(".")[0]]
     assert not young.exists() and not temp.exists()
+
+
+def test_mark_then_sweep_on_another_thread_spares_a_reimport(project: Project) -> None:
+    """The studio marks on its thread and sweeps on a worker; bytes stored again in between
+    (the same content id) must survive the sweep."""
+    import threading
+
+    media = project.media
+    gone = media.put_image(image(20))
+    again = media.put_image(image(21))
+    plan = project.mark_garbage(keep=set(), include_history=False)
+    assert set(plan.doomed) == {gone, again} and media.ids() == set()
+    assert not (media.root / gone[:2] / f"{gone}.png").exists()  # moved to media/trash/
+    assert media.put_image(image(21)) == again  # re-imported before the sweep ran
+    swept: list[list[str]] = []
+    worker = threading.Thread(target=lambda: swept.append(media.sweep_garbage(plan)))
+    worker.start()
+    worker.join()
+    assert sorted(swept[0]) == sorted([gone, again])
+    assert media.verify(again) and again in media
+    assert not list((media.root / "trash").iterdir())

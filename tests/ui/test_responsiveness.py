@@ -1,0 +1,52 @@
+"""The UI freeze guard: the event loop keeps turning while generations run.
+
+The same measurement as ``python -m bench ui-stalls`` (a 10 ms timer's lateness on the GUI
+thread, :class:`~studio.ui.stalls.StallMonitor`), here with the in-process thread worker over
+a short image batch and a short video shown and played on the canvas. Fails on any stall over
+500 ms; the bench's goal (p99 < 50 ms) is reported, not asserted, as shared CI cores are
+noisy.
+
+The model is warmed up first: the in-process thread worker imports diffusers and its
+dependencies on its first job, and imports of extension modules hold the GIL for hundreds of
+milliseconds, which stalls every thread of the process. The studio's engine is a child
+process, so its imports never stall the UI; the guard is about the UI's own work.
+"""
+
+from __future__ import annotations
+
+from studio.core.document import Status
+from studio.store.project import Project
+from studio.ui.stalls import StallMonitor
+from tests.ui.conftest import fast_image_settings, fill_prompt, run, until
+
+MAX_STALL_MS = 500.0
+
+
+def test_no_ui_stall_while_generating(tmp_path, loop, make_window):
+    project = Project.create(tmp_path / "project")
+    w = make_window(project)
+    doc = project.document
+    fill_prompt(w, "a red circle on grass")
+    fast_image_settings(w)
+    [warm] = w.generate()
+    run(loop, until(lambda: doc.variant(warm).status == Status.DONE, 120, "the warm-up"))
+
+    monitor = StallMonitor(10, parent=w)
+    monitor.start()
+    w.params.batch_spin.setValue(2)
+    ids = w.generate()
+    w.params.batch_spin.setValue(1)
+    w.params.set_mode("t2v")
+    w.params.frames_spin.setValue(9)
+    [video] = w.generate()
+    run(loop, until(lambda: all(doc.variant(v).status == Status.DONE for v in [*ids, video]),
+                    120, "the generations"))
+    w.variants.select([video])
+    run(loop, until(lambda: w.canvas.frames is not None, 10, "the video on the canvas"))
+    w.canvas.player.play()
+    run(loop, until(lambda: w.canvas.player.position >= 4, 10, "playback"))
+    monitor.stop()
+    stats = monitor.stats()
+    print(f"UI stalls while generating: {stats}")
+    assert stats["ticks"] > 50
+    assert stats["max_ms"] < MAX_STALL_MS, stats
