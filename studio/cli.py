@@ -257,10 +257,15 @@ async def _run_job(request, pixels, config, bar: ProgressBar):
 
 def cmd_render(args) -> int:
     from studio.engine import events as ev
+    from studio.engine.executor import resolve_device
     from studio.engine.models.registry import ModelRegistry
     from studio.engine.worker import WorkerConfig
     from studio.store.export import check_suffix, write_result
 
+    try:
+        resolve_device(args.device)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
     registry = ModelRegistry(args.model_folder)
     request, pixels, notes = build_request(args, registry)
     try:

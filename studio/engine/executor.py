@@ -64,6 +64,32 @@ def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
+def resolve_device(spec: str) -> torch.device:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` -> a device that exists on this machine.
+
+    Raises:
+        ValueError: an unknown name, or a GPU that is not there (the message names ``device``).
+    """
+    spec = (spec or "auto").strip().lower()
+    if spec == "auto":
+        return default_device()
+    if spec == "cpu":
+        return torch.device("cpu")
+    if spec == "cuda" or spec.startswith("cuda:"):
+        index = spec.partition(":")[2]
+        if index and not index.isdigit():
+            raise ValueError(f"device={spec!r}: must be auto, cpu, cuda or cuda:N")
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device={spec!r}: no CUDA GPU is available on this machine "
+                             f"(use auto or cpu)")
+        if index and int(index) >= count:
+            raise ValueError(f"device={spec!r}: this machine has {count} GPU(s), "
+                             f"cuda:0 to cuda:{count - 1}")
+        return torch.device(spec)
+    raise ValueError(f"device={spec!r}: must be auto, cpu, cuda or cuda:N")
+
+
 def _rss_bytes() -> int:
     try:
         with open("/proc/self/statm") as fh:

@@ -61,7 +61,9 @@ class WorkerConfig:
 
         if self.torch_threads:
             torch.set_num_threads(self.torch_threads)
-        device = None if self.device == "auto" else torch.device(self.device)
+        from studio.engine.executor import resolve_device
+
+        device = resolve_device(self.device)
         registry = ModelRegistry(list(self.model_folders),
                                  include_hf_cache=self.include_hf_cache)
         return JobExecutor(registry, device, max_loaded=self.max_loaded)

@@ -135,6 +135,7 @@ def test_case_001_truncated_input_is_refused_before_model_work(tmp_path, home, f
     (["--seed", "-1"], "seed"), (["--model", "nobody/nothing"], "model"),
     (["--mode", "t2v", "--out-override", "x.png"], "out"),
     (["--mode", "r2v", "--reference", "README.md"], "references[0]"),
+    (["--device", "cuda:9"], "device"), (["--device", "tpu"], "device"),
 ])
 def test_bad_input_exits_2_with_one_line_naming_the_field(tmp_path, capsys, args, field):
     out = tmp_path / "x.png"
