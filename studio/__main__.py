@@ -35,6 +35,9 @@ def render_samples() -> int:
 def main(argv: list[str] | None = None) -> int:
     """Dispatches to the CLI, the sample renderer or the studio window."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip().replace("``", ""))
+        return 0
     if argv and argv[0] in CLI_COMMANDS:
         from studio.cli import main as cli_main
 

@@ -12,6 +12,7 @@ import logging
 import secrets
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,49 @@ EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 class BadInput(Exception):
     """A problem the user can fix; printed as ``error: <message>`` with exit code 2."""
+
+
+FLAGS = {"num_frames": "--frames", "guidance_scale": "--guidance", "init_image": "--init-image",
+         "first_frame": "--first-frame", "negative_prompt": "--negative-prompt",
+         "references": "--reference", "optimization.profile": "--profile"}
+
+
+def problem_line(problem) -> str:
+    """A request problem with the CLI flag that sets the field, e.g. ``num_frames (--frames)``."""
+    text = str(problem)
+    base = problem.field.split("[")[0]
+    flag = FLAGS.get(base, f"--{base.replace('_', '-')}")
+    if base in ("width x height",):
+        return text
+    return text.replace(problem.field, f"{problem.field} ({flag})", 1)
+
+
+def check_output_path(out: str, inputs: list[str]) -> Path:
+    """The output file, checked before any model work: not a folder, not one of the inputs,
+    and its folder (created when missing) writable.
+
+    Raises:
+        BadInput: naming ``out``.
+    """
+    import os
+    import tempfile
+
+    path = Path(out).expanduser()
+    if path.is_dir():
+        raise BadInput(f"out={out!r}: is a folder; give a file name such as {path / 'a.png'}")
+    resolved = path.resolve()
+    for given in inputs:
+        if given and Path(given).expanduser().resolve() == resolved:
+            raise BadInput(f"out={out!r}: is also an input file; choose another name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=".studio-write-check.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise BadInput(f"out={out!r}: cannot write in {path.parent} "
+                       f"({exc.strerror or exc})") from None
+    return path
 
 
 def _positive_float(text: str) -> float:
@@ -118,9 +162,12 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
     notes: list[str] = []
     if args.from_file:
         try:
-            base = dict(read_metadata(args.from_file)["request"])
+            recorded = read_metadata(args.from_file)["request"]
+            GenerationRequest.from_dict(recorded)  # a malformed request is refused here
         except ValueError as exc:
-            raise BadInput(f"from: {exc}") from None
+            raise BadInput(f"from: {args.from_file}: the embedded request is not usable "
+                           f"({exc})") from None
+        base = dict(recorded)
         base.pop("schema", None)
     mode = args.mode or base.get("mode") or ("i2i" if args.init_image else
                                              "i2v" if args.first_frame else
@@ -172,6 +219,18 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
                 notes.append(f"size: using {width}x{height} for the {w0}x{h0} input image "
                              f"(nearest multiple of {caps.spatial_multiple} within the model's "
                              f"limits; resized to cover and centre-cropped)")
+    out_w = width if width is not None else base.get("width", caps.default_width)
+    out_h = height if height is not None else base.get("height", caps.default_height)
+    for name, ref in list(fields.items()):
+        refs = ref if isinstance(ref, tuple) else (ref,)
+        fitted = []
+        for r in refs:
+            h0, w0 = pixels[r.content_id].shape[:2]
+            if (w0, h0) != (out_w, out_h) and isinstance(out_w, int) and isinstance(out_h, int):
+                r = replace(r, conversion=f"{r.conversion}; {w0}x{h0} resized to cover "
+                                          f"{out_w}x{out_h} and centre-cropped")
+            fitted.append(r)
+        fields[name] = tuple(fitted) if isinstance(ref, tuple) else fitted[0]
     req_fields = dict(
         mode=mode, model=entry.model_id,
         prompt=pick(args.prompt, "prompt", None),
@@ -179,8 +238,7 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
         seed=pick(args.seed, "seed", None),
         steps=pick(args.steps, "steps", caps.default_steps),
         guidance_scale=pick(args.guidance, "guidance_scale", caps.default_guidance),
-        width=width if width is not None else base.get("width", caps.default_width),
-        height=height if height is not None else base.get("height", caps.default_height),
+        width=out_w, height=out_h,
         num_frames=pick(args.frames, "num_frames", caps.default_frames if video else 1),
         fps=pick(args.fps, "fps", caps.default_fps),
         strength=pick(args.strength, "strength", 0.8),
@@ -207,7 +265,7 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
     request = GenerationRequest(**req_fields)
     problems = request.validate(caps)
     if problems:
-        raise BadInput("\nerror: ".join(str(p) for p in problems))
+        raise BadInput("\nerror: ".join(problem_line(p) for p in problems))
     return request, pixels, notes
 
 
@@ -266,6 +324,11 @@ def cmd_render(args) -> int:
         resolve_device(args.device)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
+    for folder in args.model_folder:
+        if not Path(folder).expanduser().is_dir():
+            raise BadInput(f"model-folder={folder!r}: is not a folder")
+    out_path = check_output_path(args.out, [args.init_image, args.mask, args.first_frame,
+                                            args.from_file, *args.reference])
     registry = ModelRegistry(args.model_folder)
     request, pixels, notes = build_request(args, registry)
     try:
@@ -288,7 +351,12 @@ def cmd_render(args) -> int:
     if isinstance(event, ev.Cancelled):
         print("cancelled", file=sys.stderr)
         return EXIT_INTERRUPTED
-    path = write_result(args.out, event.frames, event.fps, event.request_json,
+    original = None
+    if args.from_file:
+        from studio.store.export import read_frames, read_metadata
+
+        original = (read_frames(args.from_file), read_metadata(args.from_file))
+    path = write_result(out_path, event.frames, event.fps, event.request_json,
                         event.environment)
     f, h, w, _ = event.frames.shape
     what = f"{w}x{h} image" if f == 1 else f"{w}x{h} video, {f} frames at {event.fps:g} fps"
@@ -297,31 +365,41 @@ def cmd_render(args) -> int:
           f"{t['load']:.2f}s, denoise {t['denoise']:.2f}s, decode {t['decode']:.2f}s)")
     for note in event.notes:
         print(f"note: {note}", file=sys.stderr)
-    if args.from_file:
-        print(compare_with_original(args.from_file, path, event.environment))
+    if original is not None:
+        from studio.store.export import read_frames
+
+        print(compare_with_original(args.from_file, original, event, read_frames(path)))
     return EXIT_OK
 
 
-def compare_with_original(original: str, new: Path, environment: dict) -> str:
-    """How a re-run compares with the file it was reproduced from: identical, or the PSNR and
-    what of the environment differs (a different device or library version explains it)."""
+def compare_with_original(name: str, original, event, written) -> str:
+    """How a re-run compares with the file it was made from: the fields the options changed,
+    or identical pixels, or the PSNR and what of the environment differs (a different device
+    or library version explains it)."""
+    import json
+
     import numpy as np
 
-    from studio.store.export import read_frames, read_metadata
-
-    a, b = read_frames(original), read_frames(new)
+    a, meta = original  # decoded before the new file was written (it may replace it)
+    b = written  # the new file decoded the same way (MP4 is lossy on both sides alike)
+    old, new = dict(meta["request"]), json.loads(event.request_json)
+    changed = sorted(k for k in set(old) | set(new)
+                     if k not in ("schema", "model_hash") and old.get(k) != new.get(k))
+    if changed:
+        return f"re-ran the request of {name} with changes to: {', '.join(changed)}"
+    environment = event.environment
     if a.shape != b.shape:
-        return f"reproduced {original}: different shape {a.shape} -> {b.shape}"
+        return f"reproduced {name}: different shape {a.shape} -> {b.shape}"
     diff = np.abs(a.astype(np.int16) - b.astype(np.int16))
     if not diff.any():
-        return f"reproduced {original}: identical pixels"
+        return f"reproduced {name}: identical pixels"
     mse = float((diff.astype(np.float64) ** 2).mean())
     psnr = 10 * np.log10(255.0**2 / mse)
-    env = read_metadata(original).get("environment", {})
-    changed = [f"{k}: {env.get(k)} -> {environment.get(k)}" for k in sorted(environment)
-               if env.get(k) != environment.get(k)]
-    why = "; ".join(changed) or "same recorded environment"
-    return (f"reproduced {original}: pixels differ (max {int(diff.max())}/255, PSNR "
+    env = meta.get("environment", {})
+    diffs = [f"{k}: {env.get(k)} -> {environment.get(k)}" for k in sorted(environment)
+             if env.get(k) != environment.get(k)]
+    why = "; ".join(diffs) or "same recorded environment"
+    return (f"reproduced {name}: pixels differ (max {int(diff.max())}/255, PSNR "
             f"{psnr:.1f} dB; {why})")
 
 

@@ -74,9 +74,19 @@ def pixels_content_id(pixels: np.ndarray) -> str:
 
 
 def _open_fully(data: bytes, name: str, field: str) -> Image.Image:
+    import warnings
+
     try:
-        img = Image.open(io.BytesIO(data))
-        img.load()
+        with warnings.catch_warnings():
+            # Pillow warns (then raises) on huge images; the size check below explains it
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+            if img.width * img.height > MAX_INPUT_PIXELS:
+                raise InputImageError(f"{field}: {name} is {img.width}x{img.height}; at most "
+                                      f"{MAX_INPUT_PIXELS} pixels are accepted")
+            img.load()
+    except InputImageError:
+        raise
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError,
             Image.DecompressionBombError) as exc:
         detail = str(exc) or type(exc).__name__
@@ -84,9 +94,6 @@ def _open_fully(data: bytes, name: str, field: str) -> Image.Image:
             detail = "not an image format this studio reads"
         raise InputImageError(
             f"{field}: the image file {name} is damaged or incomplete ({detail})") from None
-    if img.width * img.height > MAX_INPUT_PIXELS:
-        raise InputImageError(f"{field}: {name} is {img.width}x{img.height}; at most "
-                              f"{MAX_INPUT_PIXELS} pixels are accepted")
     return img
 
 
@@ -154,6 +161,9 @@ def decode_user_image(data: bytes, name: str, field: str = "image", *,
     """As :func:`load_user_image`, from the file's bytes (e.g. a drop or a paste)."""
     img = _open_fully(data, name, field)
     notes: list[str] = []
+    frames = getattr(img, "n_frames", 1)
+    if frames > 1:
+        notes.append(f"first of {frames} frames used")
     try:
         transposed = ImageOps.exif_transpose(img)
     except Exception:  # a broken EXIF block must not refuse an otherwise good image

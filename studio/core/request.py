@@ -93,8 +93,18 @@ class RequestProblem:
     rule: str
 
     def __str__(self) -> str:
-        shown = repr(self.value) if not isinstance(self.value, str) else repr(self.value[:60])
-        return f"{self.field}={shown}: {self.rule}"
+        return f"{self.field}={_shown(self.value)}: {self.rule}"
+
+
+def _shown(value: Any) -> str:
+    """A value as a person reads it: input images by file name, long text cut."""
+    if isinstance(value, MediaRef):
+        return repr(value.source or value.content_id[:12])
+    if isinstance(value, tuple) and value and all(isinstance(v, MediaRef) for v in value):
+        return "[" + ", ".join(_shown(v) for v in value) + "]"
+    if isinstance(value, str):
+        return repr(value[:60] + ("..." if len(value) > 60 else ""))
+    return repr(value)
 
 
 class RequestError(ValueError):
@@ -306,19 +316,23 @@ class GenerationRequest:
             bad("references", "at least one reference image is required in mode r2v")
         if self.mode != "r2v" and self.references:
             bad("references", "are only used in mode r2v")
-        if self.mode == "i2i":
-            check_float("strength", 0.0, 1.0)
-            if isinstance(self.steps, int) and isinstance(self.strength, int | float) and \
-                    0 < self.strength <= 1 and int(self.steps * self.strength) < 1:
+        if self.mode == "i2i" and check_float("strength", 0.0, 1.0):
+            if isinstance(self.steps, int) and self.steps >= 1 and \
+                    int(self.steps * self.strength) < 1:
                 bad("strength", f"steps x strength must run at least one step "
                                 f"(strength >= {1 / max(self.steps, 1):.3g} at {self.steps} steps)")
 
-        size_ok = check_int("width", 8, 16384) & check_int("height", 8, 16384)
-        frames_ok = check_int("num_frames", 1, 10_000)
+        lo_size, hi_size = (caps.min_size, caps.max_size) if caps else (8, 16384)
+        size_ok = check_int("width", lo_size, hi_size) & check_int("height", lo_size, hi_size)
+        video = self.mode in VIDEO_MODES
+        if caps is not None and video and self.mode in caps.modes:
+            frames_ok = check_int("num_frames", caps.min_video_frames, caps.max_frames)
+        else:
+            frames_ok = check_int("num_frames", 1, 10_000)
         if frames_ok and self.mode in MODES:
-            if self.mode in VIDEO_MODES and self.num_frames < 2:
+            if video and self.num_frames < 2:
                 bad("num_frames", f"must be at least 2 in video mode {self.mode}")
-            if self.mode not in VIDEO_MODES and self.num_frames != 1:
+            if not video and self.num_frames != 1:
                 bad("num_frames", f"must be 1 in image mode {self.mode}")
 
         if caps is None:
@@ -335,20 +349,20 @@ class GenerationRequest:
                 value = getattr(self, name)
                 if value % m:
                     lo = max(m, value // m * m)
-                    bad(name, f"must be a multiple of {m} (nearest: {lo} or {lo + m})")
-                elif not caps.min_size <= value <= caps.max_size:
-                    bad(name, f"must be in [{caps.min_size}, {caps.max_size}]")
+                    hint = f"{lo}" if lo + m > caps.max_size else f"{lo} or {lo + m}"
+                    bad(name, f"must be a multiple of {m} (nearest: {hint})")
             if self.width * self.height > caps.max_pixels:
                 problems.append(RequestProblem(
                     "width x height", f"{self.width}x{self.height}",
                     f"at most {caps.max_pixels} pixels for model {caps.name}"))
-        if frames_ok and self.mode in VIDEO_MODES and self.mode in caps.modes:
+        if frames_ok and video and self.mode in caps.modes:
             k = caps.frame_multiple
-            if not 2 <= self.num_frames <= caps.max_frames:
-                bad("num_frames", f"must be in [{caps.min_video_frames}, {caps.max_frames}]")
-            elif k > 1 and (self.num_frames - 1) % k:
+            if k > 1 and (self.num_frames - 1) % k:
                 lo = (self.num_frames - 1) // k * k + 1
-                bad("num_frames", f"must be {k}k+1 (nearest: {max(lo, k + 1)} or {lo + k})")
+                options = sorted({n for n in (lo, lo + k)
+                                  if caps.min_video_frames <= n <= caps.max_frames})
+                bad("num_frames", f"must be {k}k+1 (nearest: "
+                                  f"{' or '.join(map(str, options))})")
         return problems
 
     def check(self, caps: ModelCapabilities | None = None) -> None:

@@ -246,7 +246,8 @@ class JobExecutor:
             with open(path, "a", encoding="utf-8") as fh:
                 fh.write(f"--- job {jid} {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
                          f"{job.request.to_json()}\n{traceback.format_exc()}\n")
-            log.exception("job %s failed", jid)
+            log.error("job %s failed: %s: %s (traceback in %s)", jid, type(exc).__name__,
+                      str(exc)[:200], path)
             result = ev.Failed(jid, ev.INTERNAL,
                                f"internal error: {type(exc).__name__}: {str(exc)[:200]} "
                                f"(details in {path})", str(path))

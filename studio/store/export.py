@@ -154,7 +154,10 @@ def _write_mp4(path: str, frames: np.ndarray, fps: float, comment: str) -> None:
         container.metadata["comment"] = comment
         stream = container.add_stream("libx264", rate=rate)
         stream.width, stream.height, stream.pix_fmt = pw, ph, "yuv420p"
-        stream.options = {"crf": "16", "preset": "medium"}
+        # One encoder thread: x264's frame threads can make the bytes depend on timing, and
+        # the same request must give the same file (case 003).
+        stream.options = {"crf": "16", "preset": "medium", "threads": "1"}
+        stream.codec_context.thread_count = 1
         for frame in frames:
             for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
                 container.mux(packet)

@@ -136,6 +136,10 @@ def test_case_001_truncated_input_is_refused_before_model_work(tmp_path, home, f
     (["--mode", "t2v", "--out-override", "x.png"], "out"),
     (["--mode", "r2v", "--reference", "README.md"], "references[0]"),
     (["--device", "cuda:9"], "device"), (["--device", "tpu"], "device"),
+    (["--init-image", str(CASES / "002-init-image-modes" / "palette.png"), "--strength", "0"],
+     "strength"),
+    (["--model", "README.md"], "is a file"), (["--model-folder", "/no/such/dir"], "model-folder"),
+    (["--mode", "t2v", "--frames", "2"], "--frames"),
 ])
 def test_bad_input_exits_2_with_one_line_naming_the_field(tmp_path, capsys, args, field):
     out = tmp_path / "x.png"
@@ -145,6 +149,29 @@ def test_bad_input_exits_2_with_one_line_naming_the_field(tmp_path, capsys, args
     assert code == 2 and field in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: ")
     assert not out.exists()
+
+
+def test_output_problems_are_found_before_model_work(tmp_path, capsys):
+    folder = tmp_path / "existing.png"
+    folder.mkdir()
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--out", folder)
+    assert code == 2 and "is a folder" in err
+    init = tmp_path / "in.png"
+    init.write_bytes((CASES / "002-init-image-modes" / "palette.png").read_bytes())
+    code, _, err = studio_inproc(capsys, "render", "--init-image", init, "--prompt", "x",
+                                 "--out", init)
+    assert code == 2 and "is also an input" in err
+    assert init.read_bytes() == (CASES / "002-init-image-modes" / "palette.png").read_bytes()
+
+
+def test_the_fit_to_the_model_is_recorded_in_the_request(tmp_path, capsys):
+    out = tmp_path / "o.png"
+    code, _, err = studio_inproc(capsys, "render", "--init-image",
+                                 CASES / "002-init-image-modes" / "palette.png", "--width", "64",
+                                 "--height", "64", "--steps", "2", "--prompt", "x", "--out", out)
+    assert code == 0, err
+    conversion = read_metadata(out)["request"]["init_image"]["conversion"]
+    assert "64x48 resized to cover 64x64 and centre-cropped" in conversion
 
 
 def test_models_table(home):
@@ -163,7 +190,8 @@ def test_bad_request_in_file_and_internal_error(tmp_path, capsys, monkeypatch):
     info.add_itxt("studio:request", json.dumps({"mode": "t2i", "prompt": 5}))
     Image.new("RGB", (8, 8)).save(bad, pnginfo=info)
     code, _, err = studio_inproc(capsys, "render", "--from", bad, "--out", tmp_path / "o.png")
-    assert code == 2 and "prompt" in err and "Traceback" not in err
+    assert code == 2 and "not usable" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
 
     # a bug: exit 1, a message and the log file that holds the traceback
     import studio.store.export as export

@@ -44,7 +44,7 @@ def _wan_caps(folder: Path, index: dict, name: str, extra: dict) -> ModelCapabil
     elif cls == "WanImageToVideoPipeline":
         modes.add("i2v")  # Wan 2.1 I2V: image latents and mask concatenated on channels
     if not modes:
-        raise ModelError(f"{name}: Wan transformer with {in_ch} input channels and a VAE with "
+        raise ModelError(f"Wan transformer with {in_ch} input channels and a VAE with "
                          f"{z_dim} latent channels is not a layout this studio runs")
     big = int(tr.get("num_layers", 1)) >= 20
     return ModelCapabilities(
@@ -86,5 +86,5 @@ def capabilities_for(family: str, folder: Path, index: dict, *, name: str,
     if family == "flux":
         return _flux_caps(folder, index, name, extra or {})
     cls = index.get("_class_name", "?")
-    raise ModelError(f"{name}: pipeline {cls} is not supported yet (supported families: "
+    raise ModelError(f"pipeline {cls} is not supported yet (supported families: "
                      f"{', '.join(SUPPORTED_FAMILIES)})")

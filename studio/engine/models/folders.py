@@ -114,6 +114,9 @@ def check_folder(folder: Path) -> tuple[dict, list[Path]]:
     Raises:
         ModelError: the first missing or bad file, named.
     """
+    if folder.exists() and not folder.is_dir():
+        raise ModelError(f"{folder} is a file, not a model folder (a diffusers folder holds "
+                         f"model_index.json)")
     if not folder.is_dir():
         raise ModelError(f"model folder {folder} does not exist")
     index = read_json(folder / "model_index.json", str(folder))

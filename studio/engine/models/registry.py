@@ -192,8 +192,10 @@ class ModelRegistry:
             modes = data.pop("modes", None)
             caps = replace(caps, **{k: (tuple(v) if isinstance(v, list) else v)
                                     for k, v in data.items()})
-        except (ModelError, TypeError, ValueError) as exc:
-            return replace(entry, error=f"{studio_json if extra else folder}: {exc}")
+        except ModelError as exc:
+            return replace(entry, error=str(exc))
+        except (TypeError, ValueError) as exc:  # a studio.json with unknown or bad fields
+            return replace(entry, error=f"{studio_json}: {exc}")
         if modes is not None:
             caps = replace(caps, modes=frozenset(modes) & caps.modes)
         return replace(entry, capabilities=caps, call_kwargs=dict(extra.get("call_kwargs", {})))
@@ -213,7 +215,7 @@ class ModelRegistry:
         elif (self.embedded_dir / model_id).is_dir() and "/" not in model_id:
             candidates.append((self.embedded_dir / model_id, model_id, "embedded"))
         path = Path(model_id).expanduser()
-        path_like = model_id.startswith(("/", ".", "~")) or path.is_dir()
+        path_like = model_id.startswith(("/", ".", "~")) or path.exists()
         if path_like:
             candidates.append((path, model_id, "folder"))
         for folder in self.model_folders:
