@@ -251,10 +251,13 @@ class ParamsPanel(QWidget):
         for entry in entries:
             self._entries[entry.model_id] = entry
             label = entry.model_id if entry.usable else f"{entry.model_id} (unusable)"
+            if entry.usable and entry.description.startswith("placeholder"):
+                label += " (placeholder: random weights)"
             self.model_combo.addItem(label, entry.model_id)
             item = model.item(self.model_combo.count() - 1)
             item.setEnabled(entry.usable)
-            item.setToolTip(entry.error or f"{entry.family}, {entry.source}, {entry.path}")
+            item.setToolTip(entry.error or entry.description or
+                            f"{entry.family}, {entry.source}, {entry.path}")
         self._updating = False
         found = self.model_combo.findData(current) if current else -1
         index = found

@@ -63,6 +63,7 @@ class ModelEntry:
     pipeline_class: str = ""
     index: dict = field(default_factory=dict, compare=False, repr=False)
     call_kwargs: dict = field(default_factory=dict, compare=False)
+    description: str = ""
 
     @property
     def usable(self) -> bool:
@@ -198,7 +199,8 @@ class ModelRegistry:
             return replace(entry, error=f"{studio_json}: {exc}")
         if modes is not None:
             caps = replace(caps, modes=frozenset(modes) & caps.modes)
-        return replace(entry, capabilities=caps, call_kwargs=dict(extra.get("call_kwargs", {})))
+        return replace(entry, capabilities=caps, call_kwargs=dict(extra.get("call_kwargs", {})),
+                       description=str(extra.get("description", "")))
 
     # -- resolving --------------------------------------------------------------------------
     def resolve(self, model_id: str) -> ModelEntry:
