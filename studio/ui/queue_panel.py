@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QObject, Qt, Signal
+from PySide6.QtCore import QModelIndex, QObject, Qt, Signal
 from PySide6.QtGui import QBrush, QPainter
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -41,6 +41,7 @@ from studio.core.document import (
 )
 from studio.ui.controller import StudioController
 from studio.ui.listsync import sync_rows
+from studio.ui.table_model import RowsTableModel
 from studio.ui.variants import STATUS_COLORS, VariantIdRole, variant_label
 
 HISTORY_ROWS = 200
@@ -56,8 +57,10 @@ def format_eta(seconds: float) -> str:
     return f"{seconds // 60} min {seconds % 60} s"
 
 
-class QueueModel(QAbstractTableModel):
+class QueueModel(RowsTableModel):
     """The job list (see the module docstring) as a table model."""
+
+    columns = COLUMNS
 
     def __init__(self, document: Document, controller: StudioController | None = None,
                  parent: QObject | None = None) -> None:
@@ -106,23 +109,6 @@ class QueueModel(QAbstractTableModel):
     def row_of(self, variant_id: str) -> int:
         """The row of a variant (-1 when not listed)."""
         return self._rows.index(variant_id) if variant_id in self._rows else -1
-
-    def rowCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: N802
-        """Qt override."""
-        return 0 if parent.isValid() else len(self._rows)
-
-    def columnCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: N802
-        """Qt override."""
-        return 0 if parent.isValid() else len(COLUMNS)
-
-    def headerData(self, section: int, orientation: Qt.Orientation,  # noqa: N802
-                   role: int = Qt.ItemDataRole.DisplayRole) -> Any:
-        """Qt override."""
-        if role != Qt.ItemDataRole.DisplayRole:
-            return None
-        if orientation == Qt.Orientation.Horizontal:
-            return COLUMNS[section] if 0 <= section < len(COLUMNS) else None
-        return section + 1
 
     def data(self, index: QModelIndex, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         """Qt override."""

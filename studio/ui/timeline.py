@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QAbstractTableModel, QMimeData, QModelIndex, QObject, Qt, Signal
+from PySide6.QtCore import QMimeData, QModelIndex, QObject, Qt, Signal
 from PySide6.QtGui import QIcon, QPixmap
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -50,6 +50,7 @@ from studio.store.storyboard import StoryboardResult, StoryboardShot, render_sto
 from studio.ui.background import Background
 from studio.ui.listsync import sync_rows
 from studio.ui.media_cache import MediaCache
+from studio.ui.table_model import RowsTableModel
 from studio.ui.variants import variant_label
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,10 @@ SHOT_MIME = "application/x-diffusion-studio-shot"
 ShotIdRole = Qt.ItemDataRole.UserRole + 3
 
 
-class TimelineModel(QAbstractTableModel):
+class TimelineModel(RowsTableModel):
     """The shots of a document, in order (see the module docstring)."""
+
+    columns = COLUMNS
 
     def __init__(self, document: Document, media: MediaCache | None = None,
                  parent: QObject | None = None) -> None:
@@ -151,23 +154,6 @@ class TimelineModel(QAbstractTableModel):
         return max(out - shot.in_frame, 1) / fps
 
     # -- Qt ---------------------------------------------------------------------------------
-    def rowCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: N802
-        """Qt override."""
-        return 0 if parent.isValid() else len(self._rows)
-
-    def columnCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: N802
-        """Qt override."""
-        return 0 if parent.isValid() else len(COLUMNS)
-
-    def headerData(self, section: int, orientation: Qt.Orientation,  # noqa: N802
-                   role: int = Qt.ItemDataRole.DisplayRole) -> Any:
-        """Qt override."""
-        if role != Qt.ItemDataRole.DisplayRole:
-            return None
-        if orientation == Qt.Orientation.Horizontal:
-            return COLUMNS[section] if 0 <= section < len(COLUMNS) else None
-        return section + 1
-
     def flags(self, index: QModelIndex) -> Qt.ItemFlag:
         """Qt override: rows drag; trims and durations are editable."""
         if not index.isValid():
