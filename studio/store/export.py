@@ -139,30 +139,58 @@ def write_result(
     return atomic_write(path, write)
 
 
-def _write_mp4(path: str, frames: np.ndarray, fps: float, comment: str) -> None:
-    import av
+class H264Writer:
+    """Streams RGB frames into an H.264 MP4 (yuv420p, ``+faststart``, one encoder thread so the
+    same frames always give the same bytes), with ``comment`` in the container metadata.
 
-    f, h, w, _ = frames.shape
-    # yuv420p needs even sides: pad by edge replication (documented; at most one pixel).
-    ph, pw = h + h % 2, w + w % 2
-    if (ph, pw) != (h, w):
-        frames = np.pad(frames, ((0, 0), (0, ph - h), (0, pw - w), (0, 0)), mode="edge")
-    rate = Fraction(fps).limit_denominator(1001)
-    with av.open(
-        path, mode="w", format="mp4", options={"movflags": "+faststart+use_metadata_tags"}
-    ) as container:
-        container.metadata["comment"] = comment
-        stream = container.add_stream("libx264", rate=rate)
-        stream.width, stream.height, stream.pix_fmt = pw, ph, "yuv420p"
+    Use as a context manager; :meth:`write` takes uint8 (H, W, 3) frames of the size given
+    (odd sides are padded by edge replication to the even size yuv420p needs).
+    """
+
+    def __init__(self, path: str, width: int, height: int, fps: float, comment: str, *,
+                 crf: int = 16):
+        import av
+
+        self.width, self.height = width, height
+        self.container = av.open(path, mode="w", format="mp4",
+                                 options={"movflags": "+faststart+use_metadata_tags"})
+        self.container.metadata["comment"] = comment
+        self.stream = self.container.add_stream("libx264",
+                                                rate=Fraction(fps).limit_denominator(1001))
+        self.stream.width, self.stream.height = width + width % 2, height + height % 2
+        self.stream.pix_fmt = "yuv420p"
         # One encoder thread: x264's frame threads can make the bytes depend on timing, and
         # the same request must give the same file (case 003).
-        stream.options = {"crf": "16", "preset": "medium", "threads": "1"}
-        stream.codec_context.thread_count = 1
+        self.stream.options = {"crf": str(crf), "preset": "medium", "threads": "1"}
+        self.stream.codec_context.thread_count = 1
+
+    def write(self, frame: np.ndarray) -> None:
+        import av
+
+        if frame.shape[:2] != (self.stream.height, self.stream.width):
+            frame = np.pad(frame, ((0, self.stream.height - frame.shape[0]),
+                                   (0, self.stream.width - frame.shape[1]), (0, 0)),
+                           mode="edge")
+        for packet in self.stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+            self.container.mux(packet)
+
+    def __enter__(self) -> H264Writer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if exc[0] is None:
+                for packet in self.stream.encode():
+                    self.container.mux(packet)
+        finally:
+            self.container.close()
+
+
+def _write_mp4(path: str, frames: np.ndarray, fps: float, comment: str) -> None:
+    _, h, w, _ = frames.shape
+    with H264Writer(path, w, h, fps, comment) as writer:
         for frame in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+            writer.write(frame)
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:

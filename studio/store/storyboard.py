@@ -32,7 +32,6 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from PIL import Image
 
 from studio.core.document import DEFAULT_IMAGE_DURATION_S
 from studio.paths import atomic_write
+from studio.store.export import H264Writer
 
 
 @dataclass(frozen=True)
@@ -237,30 +237,18 @@ def render_storyboard(
     )
 
     def write(tmp: str) -> None:
-        import av
-
         done = 0
-        with av.open(
-            tmp, mode="w", format="mp4", options={"movflags": "+faststart+use_metadata_tags"}
-        ) as container:
-            container.metadata["comment"] = comment
-            stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
-            stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-            stream.options = {"crf": "18", "preset": "medium"}
+        with H264Writer(tmp, width, height, fps, comment, crf=18) as writer:
             for shot, indices in plan:
                 last_index, last_frame = -1, None
                 for index in indices:
                     if index != last_index:  # repeated frames are boxed once
                         last_frame = letterbox(np.asarray(shot.frames[index]), width, height)
                         last_index = index
-                    video_frame = av.VideoFrame.from_ndarray(last_frame, format="rgb24")
-                    for packet in stream.encode(video_frame):
-                        container.mux(packet)
+                    writer.write(last_frame)
                     done += 1
                     if progress is not None and (done % 16 == 0 or done == total):
                         progress(done, total)
-            for packet in stream.encode():
-                container.mux(packet)
 
     out = atomic_write(path, write)
     return StoryboardResult(out, total, width, height, fps)
