@@ -7,7 +7,8 @@ module never imports), nothing is probed until an op is called.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from types import ModuleType
 
 import torch
@@ -154,3 +155,26 @@ def attention_outputs(q: torch.Tensor, out: torch.Tensor | None,
         if not lse.is_contiguous():
             raise ValueError("lse must be contiguous")
     return out, lse
+
+
+def dispatch_attention(op: str, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                       reason: str | None, launches: Counter,
+                       reference: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+                       launch: Callable[[], None]) -> None:
+    """The body every attention custom op shares: an empty input gives zeros and a -inf
+    log-sum-exp; with a fallback ``reason`` the torch ``reference()`` fills ``out``/``lse``
+    (the reason logged once); otherwise the Triton ``launch()`` runs. ``launches`` counts
+    which path ran ("reference" / "triton"), for tests."""
+    if q.numel() == 0:
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return
+    if reason is not None:
+        log_fallback_once(op, reason)
+        launches["reference"] += 1
+        ref_out, ref_lse = reference()
+        out.copy_(ref_out)
+        lse.copy_(ref_lse)
+        return
+    launches["triton"] += 1
+    launch()

@@ -134,20 +134,9 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   kv_lengths: torch.Tensor | None, scale: float,
                   out: torch.Tensor, lse: torch.Tensor) -> None:
     """Custom op behind :func:`attention`: writes ``out`` and ``lse`` in place."""
-    if q.numel() == 0:
-        out.zero_()
-        lse.fill_(float("-inf"))
-        return
-    reason = fallback_reason(q)
-    if reason is not None:
-        rt.log_fallback_once(OP, reason)
-        LAUNCHES["reference"] += 1
-        ref_out, ref_lse = attention_reference(q, k, v, kv_lengths, scale)
-        out.copy_(ref_out)
-        lse.copy_(ref_lse)
-        return
-    LAUNCHES["triton"] += 1
-    _launch(q, k, v, kv_lengths, scale, out, lse)
+    rt.dispatch_attention(OP, q, out, lse, fallback_reason(q), LAUNCHES,
+                          lambda: attention_reference(q, k, v, kv_lengths, scale),
+                          lambda: _launch(q, k, v, kv_lengths, scale, out, lse))
 
 
 @attention_fwd.register_fake

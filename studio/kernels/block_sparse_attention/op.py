@@ -67,21 +67,11 @@ def block_sparse_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                scale: float, out: torch.Tensor, lse: torch.Tensor,
                                visits: torch.Tensor | None) -> None:
     """Custom op behind :func:`block_sparse_attention`: writes out, lse (and visits)."""
-    if q.numel() == 0:
-        out.zero_()
-        lse.fill_(float("-inf"))
-        return
-    reason = fallback_reason(q)
-    if reason is not None:
-        rt.log_fallback_once(OP, reason)
-        LAUNCHES["reference"] += 1
-        ref_out, ref_lse = block_sparse_attention_reference(q, k, v, block_mask, block_m,
-                                                            block_n, scale)
-        out.copy_(ref_out)
-        lse.copy_(ref_lse)
-        return
-    LAUNCHES["triton"] += 1
-    _launch(q, k, v, kv_indices, kv_counts, block_m, block_n, scale, out, lse, visits)
+    rt.dispatch_attention(OP, q, out, lse, fallback_reason(q), LAUNCHES,
+                          lambda: block_sparse_attention_reference(
+                              q, k, v, block_mask, block_m, block_n, scale),
+                          lambda: _launch(q, k, v, kv_indices, kv_counts, block_m, block_n, scale,
+                                          out, lse, visits))
 
 
 @block_sparse_attention_fwd.register_fake

@@ -82,21 +82,11 @@ def sage_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        kv_lengths: torch.Tensor | None, scale: float, pv_fp8: bool,
                        block_m: int, block_n: int, out: torch.Tensor, lse: torch.Tensor) -> None:
     """Custom op behind :func:`sage_attention`: writes ``out`` and ``lse`` in place."""
-    if q.numel() == 0:
-        out.zero_()
-        lse.fill_(float("-inf"))
-        return
-    reason = fallback_reason(q)
-    if reason is not None:
-        rt.log_fallback_once(OP, reason)
-        LAUNCHES["reference"] += 1
-        ref_out, ref_lse = sage_attention_reference(q, k, v, kv_lengths, scale, pv_fp8,
-                                                    block_m, block_n)
-        out.copy_(ref_out)
-        lse.copy_(ref_lse)
-        return
-    LAUNCHES["triton"] += 1
-    _launch(q, k, v, kv_lengths, scale, pv_fp8, block_m, block_n, out, lse)
+    rt.dispatch_attention(OP, q, out, lse, fallback_reason(q), LAUNCHES,
+                          lambda: sage_attention_reference(
+                              q, k, v, kv_lengths, scale, pv_fp8, block_m, block_n),
+                          lambda: _launch(q, k, v, kv_lengths, scale, pv_fp8, block_m, block_n,
+                                          out, lse))
 
 
 @sage_attention_fwd.register_fake
