@@ -226,9 +226,6 @@ class JobExecutor:
             if self.device.type == "cuda":
                 peak = int(torch.cuda.max_memory_allocated(self.device))
             timings = {"load": load_s, **out.timings, "total": time.perf_counter() - t_start}
-            if request.optimization.profile != "exact":
-                out.notes.append(f"profile {request.optimization.profile!r}: no optimization "
-                                 f"levers exist yet, so this ran the exact path")
             result: ev.JobEvent = ev.Finished(
                 jid, frames=frames, fps=float(request.fps), request_json=request.to_json(),
                 environment=self.environment().to_dict(), timings=timings,

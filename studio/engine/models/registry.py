@@ -50,6 +50,9 @@ class ModelEntry:
         capabilities: the modes and rules; None when unusable.
         error: why it cannot be used (empty when usable).
         pipeline_class: diffusers pipeline class named in model_index.json.
+        call_kwargs: extra pipeline-call arguments from the folder's ``studio.json``.
+        description: one line about the model, from ``studio.json``.
+        tuning: per-model optimization settings from ``studio.json`` (``step_cache``).
     """
 
     model_id: str
@@ -64,6 +67,7 @@ class ModelEntry:
     index: dict = field(default_factory=dict, compare=False, repr=False)
     call_kwargs: dict = field(default_factory=dict, compare=False)
     description: str = ""
+    tuning: dict = field(default_factory=dict, compare=False)
 
     @property
     def usable(self) -> bool:
@@ -200,7 +204,8 @@ class ModelRegistry:
         if modes is not None:
             caps = replace(caps, modes=frozenset(modes) & caps.modes)
         return replace(entry, capabilities=caps, call_kwargs=dict(extra.get("call_kwargs", {})),
-                       description=str(extra.get("description", "")))
+                       description=str(extra.get("description", "")),
+                       tuning={k: extra[k] for k in ("step_cache",) if k in extra})
 
     # -- resolving --------------------------------------------------------------------------
     def resolve(self, model_id: str) -> ModelEntry:

@@ -160,6 +160,31 @@ class FamilyRunner:
             on_step: StepFn) -> RunOutput:
         raise NotImplementedError
 
+    def denoisers(self) -> list[torch.nn.Module]:
+        """The denoiser modules the optimization levers apply to (transformer, and
+        transformer_2 for two-expert models)."""
+        base = getattr(self, "base", None)
+        found = [getattr(base, name, None) for name in ("transformer", "transformer_2", "unet")]
+        return [m for m in found if m is not None]
+
+    def apply_profile(self, request: GenerationRequest) -> list[str]:
+        """Applies the request's optimization profile to the denoisers (undoing the last
+        job's levers). Returns notes for the user."""
+        from studio.engine.profiles import apply_levers, levers_for
+
+        levers = levers_for(request.optimization.profile, self.device, self.entry.tuning)
+        return apply_levers(self.denoisers(), levers)
+
+    def profile_notes(self) -> list[str]:
+        """After a run: what the levers did (denoiser calls computed in full / skipped)."""
+        from studio.engine.profiles import cache_stats
+
+        stats = cache_stats(self.denoisers())
+        if stats is None or stats.calls == 0:
+            return []
+        return [f"step cache: {stats.full_calls} of {stats.calls} denoiser calls computed in "
+                f"full, {stats.skipped_calls} forecast"]
+
     def generator(self, seed: int) -> torch.Generator:
         """The job's noise generator: always on the CPU, so the initial noise of a seed is the
         same on every device (diffusers' ``randn_tensor`` moves it to the model's device)."""

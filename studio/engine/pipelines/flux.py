@@ -70,6 +70,9 @@ class FluxRunner(FamilyRunner):
         if request.mode == "i2i":
             image = fit_image(inputs[request.init_image.content_id], w, h)
             kwargs.update(image=to_pil(image), strength=request.strength)
+        notes = self.apply_profile(request)
         images = pipe(**kwargs).images
-        notes = ["FLUX.1 ignores the negative prompt"] if request.negative_prompt else []
-        return RunOutput(np.asarray(images, dtype=np.float32), clock.finish(), notes)
+        if request.negative_prompt:
+            notes.append("FLUX.1 ignores the negative prompt")
+        return RunOutput(np.asarray(images, dtype=np.float32), clock.finish(),
+                         notes + self.profile_notes())

@@ -114,6 +114,7 @@ class WanRunner(FamilyRunner):
             image = fit_image(inputs[request.first_frame.content_id], request.width,
                               request.height)
             kwargs["image"] = to_pil(image)
+        notes = self.apply_profile(request)
         hooks = []
         if mode == "r2v":
             ref = fit_image(inputs[request.references[0].content_id], request.width,
@@ -129,7 +130,7 @@ class WanRunner(FamilyRunner):
             init = fit_image(inputs[request.init_image.content_id], request.width,
                              request.height).astype(np.float32) / 255.0
             frames = np.where(keep, init[None], frames)
-        return RunOutput(frames, clock.finish())
+        return RunOutput(frames, clock.finish(), notes + self.profile_notes())
 
 
 class LatentBlend:

@@ -1,0 +1,58 @@
+"""Polynomial forecasting of features from the last fully computed denoising steps.
+
+Features of a diffusion transformer move smoothly along the sampling trajectory, so a skipped
+step's features are better *forecast* from the last few full steps than reused as they are.
+The forecast here is Newton's divided-difference form of the interpolating polynomial through
+the last ``order + 1`` full steps, evaluated at the current timestep: order 0 is plain reuse
+(as in First Block Cache), order 1 a linear extrapolation, order 2 a quadratic one.
+
+Source: the idea of forecasting cached features with a low-order Taylor expansion in the
+timestep is TaylorSeer (Liu et al., "From Reusing to Forecasting: Accelerating Diffusion
+Models with TaylorSeers", ICCV 2025); TaylorSeer uses finite differences over evenly spaced
+steps, here divided differences in the actual timestep so that uneven (shifted) schedules and
+skipped steps are handled exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def forecast(times: Sequence[float], values: Sequence[torch.Tensor], at: float,
+             order: int) -> torch.Tensor:
+    """Extrapolates ``values`` (features at ``times``) to time ``at``.
+
+    Args:
+        times: the timesteps of the last full steps, oldest first (any unit, e.g. the
+            scheduler's 0..1000 timestep); must be distinct.
+        values: tensors of one shape and dtype, one per time, oldest first.
+        at: the timestep to forecast.
+        order: polynomial order; the last ``min(order, len(times) - 1)`` + 1 points are used.
+
+    Returns:
+        A tensor of the values' shape and dtype (computed in float32).
+
+    Raises:
+        ValueError: no values, or times and values of different lengths.
+    """
+    if not values or len(times) != len(values):
+        raise ValueError(f"forecast: need as many times as values (got {len(times)} times, "
+                         f"{len(values)} values)")
+    k = max(0, min(order, len(values) - 1))
+    ts = [float(t) for t in times[-(k + 1):]]
+    ys = [v.float() for v in values[-(k + 1):]]
+    if k == 0:
+        return values[-1]
+    # Newton form anchored at the newest point: p(at) = y_n + (at - t_n) f[t_n, t_n-1] + ...
+    ts, ys = ts[::-1], ys[::-1]  # newest first
+    table = list(ys)
+    result = table[0].clone()
+    factor = 1.0
+    for level in range(1, k + 1):
+        table = [(table[i] - table[i + 1]) / (ts[i] - ts[i + level])
+                 for i in range(len(table) - 1)]
+        factor *= (at - ts[level - 1])
+        result = result + factor * table[0]
+    return result.to(values[-1].dtype)

@@ -1,0 +1,420 @@
+"""Forecast step cache: skip the deep blocks of a diffusion transformer on steps where the
+first block says nothing new is happening, and forecast what they would have added.
+
+How one denoiser call goes, for a transformer with blocks B0..Bn (in execution order):
+
+1. B0 (the *probe*) always runs. Its residual ``r0 = B0(x) - x`` is compared with the
+   residual *forecast* for this timestep from the last full steps (:mod:`.forecast`). The
+   relative L1 error ``|r0 - r0_hat| / |r0|`` is added to an error budget accumulated since
+   the last full step.
+2. If the accumulated error stays under the threshold (and the step is not among the first
+   ``warmup_steps`` full steps, nor past ``max_consecutive_skips``), B1..Bn are skipped: the
+   probe's output plus the forecast of the deep residual ``B1..Bn(B0(x)) - B0(x)`` is
+   returned, and the skipped blocks pass their inputs through untouched (no compute).
+3. Otherwise B1..Bn run, and the step's (timestep, r0, deep residual) is recorded.
+
+Both the text stream (``encoder_hidden_states``) and the image stream are forecast for
+dual-stream blocks (Flux, SD3, Qwen-Image). Forecasting in the actual timestep (divided
+differences) handles shifted schedules; the decision signal is the probe's own *forecast*
+error, so a smooth drift that the forecast follows does not force recomputation, which
+plain residual-change thresholds (First Block Cache, TeaCache) cannot tell apart from a real
+change.
+
+State is kept per cache context: diffusers pipelines wrap the conditional and unconditional
+calls in ``transformer.cache_context("cond" / "uncond")``, so the two CFG branches never see
+each other's features; a call made outside any context uses one of its own. Items of a batch
+keep their own features (all state tensors carry the batch dimension); the skip decision is
+taken for the whole batch (the largest item error decides). State is cleared by
+:func:`reset_step_cache` before each job, and also whenever a context's timestep does not
+decrease (a new trajectory), so nothing leaks between jobs.
+
+Sources: First Block Cache (ParaAttention, chengzeyi) for the probe-block design; TeaCache
+(Liu et al., "Timestep Embedding Tells: It's Time to Cache for Video Diffusion Model", CVPR
+2025) for accumulating the relative change since the last full step; TaylorSeer (Liu et al.,
+ICCV 2025) for forecasting features instead of reusing them.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
+from diffusers.hooks.hooks import BaseState, CacheContext, StateManager
+
+_ROOT_HOOK = "studio_step_cache_root"
+_PROBE_HOOK = "studio_step_cache_probe"
+_BLOCK_HOOK = "studio_step_cache_block"
+_DEFAULT_CONTEXT = "studio-default"
+BLOCK_LIST_NAMES = ("transformer_blocks", "single_transformer_blocks", "blocks", "layers")
+
+
+@dataclass(frozen=True)
+class StepCacheConfig:
+    """Settings of the forecast step cache.
+
+    Attributes:
+        threshold: error budget: the sum, over the steps since the last full step, of the
+            probe block's relative L1 forecast error; a step is skipped while the sum stays
+            at or below it. 0 never skips (exact). Typical 0.05-0.4.
+        order: forecast order (0 reuse, 1 linear, 2 quadratic) in the timestep.
+        warmup_steps: full steps computed at the start of each trajectory before any skip
+            (at least ``order + 1`` are needed for a full-order forecast).
+        max_consecutive_skips: a full step is forced after this many skips in a row.
+
+    Raises:
+        ValueError: (at construction) a field out of range, naming it.
+    """
+
+    threshold: float = 0.1
+    order: int = 1
+    warmup_steps: int = 2
+    max_consecutive_skips: int = 3
+
+    def __post_init__(self):
+        if not (0.0 <= self.threshold <= 10.0):
+            raise ValueError(f"threshold: {self.threshold} is outside 0..10")
+        if self.order not in (0, 1, 2):
+            raise ValueError(f"order: {self.order} is not one of 0, 1, 2")
+        if not (0 <= self.warmup_steps <= 1000):
+            raise ValueError(f"warmup_steps: {self.warmup_steps} is outside 0..1000")
+        if not (0 <= self.max_consecutive_skips <= 1000):
+            raise ValueError(f"max_consecutive_skips: {self.max_consecutive_skips} is outside "
+                             f"0..1000")
+
+
+@dataclass
+class StepCacheStats:
+    """What the cache did: denoiser calls made in full and with the deep blocks skipped.
+
+    ``decisions`` lists, per call, (context name, timestep, accumulated error, computed?)."""
+
+    full_calls: int = 0
+    skipped_calls: int = 0
+    decisions: list[tuple[str, float, float, bool]] = field(default_factory=list)
+
+    @property
+    def calls(self) -> int:
+        return self.full_calls + self.skipped_calls
+
+    @property
+    def compute_fraction(self) -> float:
+        """Share of the denoiser's deep-block work actually computed (1.0 = no saving)."""
+        return self.full_calls / self.calls if self.calls else 1.0
+
+
+class _TrajectoryState(BaseState):
+    """One cache context's history (one CFG branch of one job)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.times: list[float] = []
+        self.probe_residuals: list[torch.Tensor] = []
+        # deep residuals: (hidden_states residual, encoder_hidden_states residual or None)
+        self.deep_residuals: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        self.timestep: float | None = None
+        self.last_timestep: float | None = None
+        self.accumulated = 0.0
+        self.consecutive_skips = 0
+        self.compute = True
+        self.probe_output: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.probe_residual: torch.Tensor | None = None
+
+
+def _metadata(block: torch.nn.Module) -> TransformerBlockMetadata:
+    try:
+        meta = TransformerBlockRegistry.get(type(block))
+    except ValueError:
+        meta = None
+    if meta is None:
+        # a block unknown to diffusers' registry: returns hidden_states alone, or
+        # (hidden_states, encoder_hidden_states) when its forward takes the latter
+        params = list(inspect.signature(type(block).forward).parameters)[1:]
+        meta = TransformerBlockMetadata(
+            return_hidden_states_index=0,
+            return_encoder_hidden_states_index=None,
+        )
+        meta._cls = type(block)
+        meta._takes_encoder = "encoder_hidden_states" in params  # type: ignore[attr-defined]
+    return meta
+
+
+def _split(output, meta: TransformerBlockMetadata):
+    """A block output -> (hidden_states, encoder_hidden_states or None)."""
+    if isinstance(output, tuple):
+        enc = (output[meta.return_encoder_hidden_states_index]
+               if meta.return_encoder_hidden_states_index is not None else None)
+        return output[meta.return_hidden_states_index], enc
+    return output, None
+
+
+def _join(like, meta: TransformerBlockMetadata, hidden, encoder):
+    """(hidden_states, encoder_hidden_states) -> the block's output format."""
+    if isinstance(like, tuple) or meta.return_encoder_hidden_states_index is not None:
+        out = [None] * max(2, (meta.return_hidden_states_index or 0) + 1,
+                           (meta.return_encoder_hidden_states_index or 0) + 1)
+        out[meta.return_hidden_states_index] = hidden
+        if meta.return_encoder_hidden_states_index is not None:
+            out[meta.return_encoder_hidden_states_index] = encoder
+        return tuple(out)
+    return hidden
+
+
+def _rel_l1(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest over batch items of mean|a - b| / mean|a|."""
+    dims = tuple(range(1, a.ndim))
+    num = (a.float() - b.float()).abs().mean(dim=dims)
+    den = a.float().abs().mean(dim=dims).clamp_min(1e-12)
+    return float((num / den).max())
+
+
+class _RootHook(ModelHook):
+    """On the transformer: reads the timestep, gives context-less calls a context, counts."""
+
+    _is_stateful = True
+
+    def __init__(self, state: StateManager, stats: StepCacheStats):
+        super().__init__()
+        self.state_manager = state
+        self.stats = stats
+        self._timestep_index: int | None = None
+
+    def initialize_hook(self, module):
+        params = list(inspect.signature(type(module).forward).parameters)[1:]
+        self._timestep_index = params.index("timestep") if "timestep" in params else None
+        return module
+
+    def new_forward(self, module, *args, **kwargs):
+        timestep = kwargs.get("timestep")
+        if timestep is None and self._timestep_index is not None and \
+                self._timestep_index < len(args):
+            timestep = args[self._timestep_index]
+        own_context = self.state_manager._context is None
+        if own_context:
+            self.state_manager.set_context(CacheContext(_DEFAULT_CONTEXT))
+        try:
+            state: _TrajectoryState = self.state_manager.get_state()
+            t = float(torch.as_tensor(timestep).float().max()) if timestep is not None else None
+            if t is None or (state.last_timestep is not None and t >= state.last_timestep):
+                state.reset()  # a new trajectory (or no timestep to forecast in)
+            state.timestep = t
+            output = self.fn_ref.original_forward(*args, **kwargs)
+            state.last_timestep = t
+            if state.compute:
+                self.stats.full_calls += 1
+            else:
+                self.stats.skipped_calls += 1
+            self.stats.decisions.append((self.state_manager._context.name, t or 0.0,
+                                         state.accumulated, state.compute))
+            return output
+        finally:
+            if own_context:
+                self.state_manager.set_context(None)
+
+    def reset_state(self, module):
+        self.state_manager.reset()
+        return module
+
+
+class _ProbeHook(ModelHook):
+    """On the first block: runs it, decides, and on a skipped step returns the forecast."""
+
+    _is_stateful = True
+
+    def __init__(self, state: StateManager, config: StepCacheConfig):
+        super().__init__()
+        self.state_manager = state
+        self.config = config
+        self.meta: TransformerBlockMetadata | None = None
+
+    def initialize_hook(self, module):
+        self.meta = _metadata(module)
+        return module
+
+    def new_forward(self, module, *args, **kwargs):
+        meta = self.meta
+        x = meta._get_parameter_from_args_kwargs(meta.hidden_states_argument_name, args, kwargs)
+        output = self.fn_ref.original_forward(*args, **kwargs)
+        hidden, encoder = _split(output, meta)
+        state: _TrajectoryState = self.state_manager.get_state()
+        residual = hidden - x
+        state.compute = self._decide(state, residual)
+        if state.compute:
+            state.probe_output = (hidden, encoder)
+            state.probe_residual = residual
+            return output
+        hs_res, enc_res = self._forecast_deep(state)
+        hidden = hidden + hs_res
+        if encoder is not None and enc_res is not None:
+            encoder = encoder + enc_res
+        return _join(output, meta, hidden, encoder)
+
+    @torch.compiler.disable
+    def _decide(self, state: _TrajectoryState, residual: torch.Tensor) -> bool:
+        cfg = self.config
+        if cfg.threshold <= 0 or state.timestep is None or len(state.times) < max(
+                1, cfg.warmup_steps) or state.consecutive_skips >= cfg.max_consecutive_skips:
+            return self._full(state)
+        if state.probe_residuals[-1].shape != residual.shape:
+            state.reset()
+            return self._full(state)
+        predicted = _forecast_list(state.times, state.probe_residuals, state.timestep, cfg.order)
+        state.accumulated += _rel_l1(residual, predicted)
+        if state.accumulated > cfg.threshold:
+            return self._full(state)
+        state.consecutive_skips += 1
+        return False
+
+    @staticmethod
+    def _full(state: _TrajectoryState) -> bool:
+        state.accumulated = 0.0
+        state.consecutive_skips = 0
+        return True
+
+    def _forecast_deep(self, state: _TrajectoryState):
+        hs = _forecast_list(state.times, [r[0] for r in state.deep_residuals], state.timestep,
+                            self.config.order)
+        enc = None
+        if state.deep_residuals[-1][1] is not None:
+            enc = _forecast_list(state.times, [r[1] for r in state.deep_residuals],
+                                 state.timestep, self.config.order)
+        return hs, enc
+
+    def reset_state(self, module):
+        self.state_manager.reset()
+        return module
+
+
+def _forecast_list(times, values, at, order):
+    from studio.engine.caching.forecast import forecast
+
+    return forecast(times, values, at, order)
+
+
+class _DeepBlockHook(ModelHook):
+    """On every later block: passes inputs through on skipped steps; the last one records."""
+
+    _is_stateful = True
+
+    def __init__(self, state: StateManager, config: StepCacheConfig, is_last: bool):
+        super().__init__()
+        self.state_manager = state
+        self.config = config
+        self.is_last = is_last
+        self.meta: TransformerBlockMetadata | None = None
+
+    def initialize_hook(self, module):
+        self.meta = _metadata(module)
+        return module
+
+    def new_forward(self, module, *args, **kwargs):
+        meta = self.meta
+        state: _TrajectoryState = self.state_manager.get_state()
+        if not state.compute:
+            hidden = meta._get_parameter_from_args_kwargs(meta.hidden_states_argument_name,
+                                                          args, kwargs)
+            encoder = None
+            if meta.return_encoder_hidden_states_index is not None:
+                encoder = meta._get_parameter_from_args_kwargs(
+                    meta.encoder_hidden_states_argument_name, args, kwargs)
+            return _join(None, meta, hidden, encoder)
+        output = self.fn_ref.original_forward(*args, **kwargs)
+        if self.is_last:
+            self._record(state, output)
+        return output
+
+    @torch.compiler.disable
+    def _record(self, state: _TrajectoryState, output) -> None:
+        hidden, encoder = _split(output, self.meta)
+        probe_hidden, probe_encoder = state.probe_output
+        enc_res = encoder - probe_encoder if (encoder is not None and
+                                              probe_encoder is not None) else None
+        keep = self.config.order + 1
+        state.times = (state.times + [state.timestep])[-keep:]
+        state.probe_residuals = (state.probe_residuals + [state.probe_residual])[-keep:]
+        state.deep_residuals = (state.deep_residuals + [(hidden - probe_hidden, enc_res)])[-keep:]
+        state.probe_output = None
+        state.probe_residual = None
+
+    def reset_state(self, module):
+        self.state_manager.reset()
+        return module
+
+
+def transformer_blocks(transformer: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer's blocks in execution order (Flux: the dual-stream blocks, then the
+    single-stream ones), found by the block-list names diffusers uses.
+
+    Raises:
+        ValueError: the model has no block list the cache knows (names the class).
+    """
+    blocks: list[torch.nn.Module] = []
+    for name in BLOCK_LIST_NAMES:
+        value = getattr(transformer, name, None)
+        if isinstance(value, torch.nn.ModuleList):
+            blocks.extend(value)
+    if len(blocks) < 2:
+        raise ValueError(f"step cache: {type(transformer).__name__} has no list of at least 2 "
+                         f"transformer blocks (looked for {', '.join(BLOCK_LIST_NAMES)})")
+    return blocks
+
+
+def apply_step_cache(transformer: torch.nn.Module, config: StepCacheConfig) -> StepCacheStats:
+    """Installs the forecast step cache on a diffusers transformer (diffusers model hooks).
+
+    Args:
+        transformer: e.g. ``WanTransformer3DModel``, ``FluxTransformer2DModel``,
+            ``SD3Transformer2DModel``; its forward takes a ``timestep`` argument.
+        config: the cache settings.
+
+    Returns:
+        The live statistics object (counts of full and skipped calls).
+
+    Raises:
+        ValueError: the model has fewer than 2 blocks, or no known block list.
+    """
+    remove_step_cache(transformer)
+    blocks = transformer_blocks(transformer)
+    state = StateManager(_TrajectoryState)
+    stats = StepCacheStats()
+    HookRegistry.check_if_exists_or_initialize(transformer).register_hook(
+        _RootHook(state, stats), _ROOT_HOOK)
+    HookRegistry.check_if_exists_or_initialize(blocks[0]).register_hook(
+        _ProbeHook(state, config), _PROBE_HOOK)
+    for i, block in enumerate(blocks[1:], start=1):
+        HookRegistry.check_if_exists_or_initialize(block).register_hook(
+            _DeepBlockHook(state, config, is_last=i == len(blocks) - 1), _BLOCK_HOOK)
+    transformer._studio_step_cache = stats
+    return stats
+
+
+def remove_step_cache(transformer: torch.nn.Module) -> None:
+    """Removes the cache's hooks (no-op when none are installed)."""
+    if getattr(transformer, "_studio_step_cache", None) is None:
+        return
+    registry = HookRegistry.check_if_exists_or_initialize(transformer)
+    registry.remove_hook(_ROOT_HOOK, recurse=False)
+    for block in transformer_blocks(transformer):
+        reg = HookRegistry.check_if_exists_or_initialize(block)
+        for name in (_PROBE_HOOK, _BLOCK_HOOK):
+            if reg.get_hook(name) is not None:
+                reg.remove_hook(name, recurse=False)
+    transformer._studio_step_cache = None
+
+
+def reset_step_cache(transformer: torch.nn.Module) -> StepCacheStats | None:
+    """Clears every context's features and starts fresh statistics; call before each job.
+
+    Returns the new statistics object, or None when no cache is installed."""
+    stats = getattr(transformer, "_studio_step_cache", None)
+    if stats is None:
+        return None
+    root = HookRegistry.check_if_exists_or_initialize(transformer).get_hook(_ROOT_HOOK)
+    root.state_manager.reset()
+    stats.full_calls = stats.skipped_calls = 0
+    stats.decisions.clear()
+    return stats

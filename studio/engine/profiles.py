@@ -1,0 +1,165 @@
+"""Optimization profiles: which levers each named profile turns on, on each kind of device.
+
+A request names a profile (``exact``, ``quality``, ``balanced``, ``fast``); the runner turns
+it into :class:`ProfileLevers` with :func:`levers_for` and applies them to the loaded model
+with :func:`apply_levers` before the job, undoing what the previous job set. ``exact`` is
+numerically the stock diffusers result (every lever off).
+
+Per-model tuning: a model folder's ``studio.json`` may carry ``"step_cache": {"balanced":
+{"threshold": 0.2}, ...}``, calibrated for that model with ``python -m bench calibrate``; its
+fields replace the profile's defaults for that model.
+
+The table of levers, as shipped (``python -m studio.engine.profiles`` prints it):
+see :data:`PROFILE_TABLE_HEADER` and :func:`profile_table`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+import torch
+
+from studio.core.request import PROFILES
+from studio.engine.caching import (
+    StepCacheConfig,
+    StepCacheStats,
+    apply_step_cache,
+    remove_step_cache,
+    reset_step_cache,
+)
+from studio.engine.caching.step_cache import transformer_blocks
+
+log = logging.getLogger(__name__)
+
+# Default cache settings per profile (the embedded model's calibration; studio.json overrides).
+DEFAULT_STEP_CACHE = {
+    "quality": StepCacheConfig(threshold=0.08, order=1, warmup_steps=3, max_consecutive_skips=1),
+    "balanced": StepCacheConfig(threshold=0.25, order=1, warmup_steps=2, max_consecutive_skips=2),
+    "fast": StepCacheConfig(threshold=0.6, order=1, warmup_steps=2, max_consecutive_skips=4),
+}
+
+
+@dataclass(frozen=True)
+class ProfileLevers:
+    """The levers one profile turns on for one model on one device.
+
+    Attributes:
+        profile: the profile's name.
+        step_cache: forecast step cache settings, or None (off).
+        precision: weight/compute precision lever: ``"as-loaded"`` (the model's dtype).
+        attention: attention implementation: ``"sdpa"`` (PyTorch's, via diffusers).
+        compile: whether the denoiser is compiled with torch.compile.
+    """
+
+    profile: str
+    step_cache: StepCacheConfig | None = None
+    precision: str = "as-loaded"
+    attention: str = "sdpa"
+    compile: bool = False
+
+    def describe(self) -> str:
+        """One line for the user: what this run turned on."""
+        parts = []
+        if self.step_cache is not None:
+            c = self.step_cache
+            parts.append(f"step cache (threshold {c.threshold:g}, order {c.order}, "
+                         f"≤{c.max_consecutive_skips} skips in a row)")
+        parts.append(f"precision {self.precision}")
+        parts.append(f"attention {self.attention}")
+        if self.compile:
+            parts.append("torch.compile")
+        return f"profile {self.profile}: " + ", ".join(parts)
+
+
+def levers_for(profile: str, device: torch.device | str = "cpu",
+               tuning: dict | None = None) -> ProfileLevers:
+    """The levers of ``profile`` on ``device`` for a model with ``tuning`` (its studio.json).
+
+    Raises:
+        ValueError: an unknown profile (names the allowed ones), or bad tuning values.
+    """
+    if profile not in PROFILES:
+        raise ValueError(f"optimization.profile: {profile!r} is not one of "
+                         f"{', '.join(PROFILES)}")
+    if profile == "exact":
+        return ProfileLevers(profile)
+    cache = DEFAULT_STEP_CACHE[profile]
+    override = ((tuning or {}).get("step_cache") or {}).get(profile)
+    if override:
+        try:
+            cache = replace(cache, **override)
+        except TypeError as exc:
+            raise ValueError(f"studio.json step_cache.{profile}: {exc}") from exc
+    # precision, kernels and compile join here as their issues land; on the CPU the cache is
+    # the only lever that pays.
+    del device
+    return ProfileLevers(profile, step_cache=cache)
+
+
+def _cacheable(module: torch.nn.Module) -> bool:
+    try:
+        transformer_blocks(module)
+    except ValueError:
+        return False
+    return True
+
+
+def apply_levers(denoisers: list[torch.nn.Module], levers: ProfileLevers) -> list[str]:
+    """Sets ``levers`` on the job's denoisers, replacing what an earlier job set.
+
+    Returns:
+        Notes for the user (what was on, what could not be applied and why).
+    """
+    notes = []
+    for module in denoisers:
+        if module is None:
+            continue
+        if levers.step_cache is None:
+            remove_step_cache(module)
+        elif not _cacheable(module):
+            notes.append(f"step cache: {type(module).__name__} has no transformer blocks to "
+                         f"cache; ran without it")
+        else:
+            current = getattr(module, "_studio_step_cache_config", None)
+            if current != levers.step_cache:
+                apply_step_cache(module, levers.step_cache)
+                module._studio_step_cache_config = levers.step_cache
+            reset_step_cache(module)
+    if levers.profile != "exact":
+        notes.insert(0, levers.describe())
+    return notes
+
+
+def cache_stats(denoisers: list[torch.nn.Module]) -> StepCacheStats | None:
+    """The step cache's counts over the job's denoisers (None when the cache is off)."""
+    found = [getattr(m, "_studio_step_cache", None) for m in denoisers if m is not None]
+    found = [s for s in found if s is not None]
+    if not found:
+        return None
+    total = StepCacheStats()
+    for s in found:
+        total.full_calls += s.full_calls
+        total.skipped_calls += s.skipped_calls
+    return total
+
+
+PROFILE_TABLE_HEADER = "| profile | device | step cache | precision | attention | compile |"
+
+
+def profile_table() -> str:
+    """The markdown table of every profile's levers on each kind of device."""
+    rows = [PROFILE_TABLE_HEADER, "|---|---|---|---|---|---|"]
+    for profile in PROFILES:
+        for device in ("cpu", "cuda"):
+            lv = levers_for(profile, device)
+            c = lv.step_cache
+            cache = (f"threshold {c.threshold:g}, order {c.order}, warm-up {c.warmup_steps}, "
+                     f"≤{c.max_consecutive_skips} skips" if c else "off")
+            rows.append(f"| {profile} | {device} | {cache} | {lv.precision} | {lv.attention} | "
+                        f"{'on' if lv.compile else 'off'} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(profile_table())

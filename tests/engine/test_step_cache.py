@@ -1,0 +1,235 @@
+"""The forecast step cache on tiny real diffusers transformers (Wan, Flux).
+
+What must hold: threshold 0 / the exact profile is bit-identical to no cache; a skipped step
+really skips the deep blocks (their attention never runs); state never leaks between jobs,
+between the conditional and unconditional branches, or between the items of a batch; every
+tiny family model runs under every profile through the engine.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from diffusers import FluxPipeline, WanPipeline
+
+from studio.core.media import pixels_content_id
+from studio.core.request import PROFILES, GenerationRequest, MediaRef, OptimizationSettings
+from studio.engine.caching import (
+    StepCacheConfig,
+    apply_step_cache,
+    remove_step_cache,
+    reset_step_cache,
+)
+from studio.engine.caching.forecast import forecast
+from studio.engine.caching.step_cache import transformer_blocks
+from studio.engine.executor import runner_class
+from studio.engine.models.registry import ModelRegistry
+from studio.engine.profiles import levers_for, profile_table
+
+# a data-independent schedule: 2 full steps, then skip, full, skip, full...
+ALTERNATE = StepCacheConfig(threshold=10.0, order=1, warmup_steps=2, max_consecutive_skips=1)
+
+
+# -- forecast -----------------------------------------------------------------------------
+def test_forecast_is_exact_for_polynomials_up_to_its_order():
+    ts = [900.0, 700.0, 620.0]
+    a, b, c = torch.randn(3, 4, 5).unbind(0)
+
+    def quad(t):
+        return a + b * t / 1000 + c * (t / 1000) ** 2
+
+    def line(t):
+        return a + b * t / 1000
+
+    torch.testing.assert_close(forecast(ts, [line(t) for t in ts], 410.0, 1), line(410.0))
+    torch.testing.assert_close(forecast(ts, [quad(t) for t in ts], 410.0, 2), quad(410.0))
+    # order 1 on a curved path is not exact; order 0 is plain reuse of the newest value
+    assert not torch.allclose(forecast(ts, [quad(t) for t in ts], 410.0, 1), quad(410.0))
+    assert forecast(ts, [quad(t) for t in ts], 410.0, 0) is not None
+    torch.testing.assert_close(forecast(ts, [quad(t) for t in ts], 410.0, 0), quad(620.0))
+    # fewer points than the order asks: the highest order the points allow
+    torch.testing.assert_close(forecast(ts[-2:], [line(t) for t in ts[-2:]], 100.0, 2),
+                               line(100.0))
+
+
+def test_forecast_and_config_reject_bad_input():
+    with pytest.raises(ValueError, match="as many times as values"):
+        forecast([1.0, 2.0], [torch.zeros(2)], 0.0, 1)
+    with pytest.raises(ValueError, match="threshold"):
+        StepCacheConfig(threshold=-1)
+    with pytest.raises(ValueError, match="order"):
+        StepCacheConfig(order=3)
+    with pytest.raises(ValueError, match="max_consecutive_skips"):
+        StepCacheConfig(max_consecutive_skips=-2)
+    with pytest.raises(ValueError, match="optimization.profile"):
+        levers_for("turbo")
+
+
+# -- on pipelines -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def wan(tiny_models):
+    pipe = WanPipeline.from_pretrained(tiny_models["wan-t2v"], local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@pytest.fixture(scope="module")
+def flux(tiny_models):
+    pipe = FluxPipeline.from_pretrained(tiny_models["flux"], local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def run_wan(pipe, prompt="a red circle", seed=0, steps=8, guidance=4.0, batch=None):
+    kwargs = dict(num_frames=5, height=32, width=32, guidance_scale=guidance,
+                  num_inference_steps=steps, output_type="np")
+    if batch:
+        gens = [torch.Generator().manual_seed(s) for s in batch]
+        return pipe([prompt] * len(batch), generator=gens, **kwargs).frames
+    return pipe(prompt, generator=torch.Generator().manual_seed(seed), **kwargs).frames[0]
+
+
+def run_flux(pipe, seed=0, steps=8):
+    return pipe("a red circle", generator=torch.Generator().manual_seed(seed), height=32,
+                width=32, num_inference_steps=steps, output_type="np").images[0]
+
+
+def count_deep_attention(transformer) -> list[int]:
+    """Counts forward calls of the attention inside every block after the first."""
+    counter = [0]
+    for block in transformer_blocks(transformer)[1:]:
+        attn = getattr(block, "attn1", None) or block.attn
+        attn.register_forward_pre_hook(lambda *_: counter.__setitem__(0, counter[0] + 1))
+    return counter
+
+
+def test_threshold_zero_is_bit_identical_to_no_cache(wan, flux):
+    base_wan, base_flux = run_wan(wan), run_flux(flux)
+    for pipe, run, base in ((wan, run_wan, base_wan), (flux, run_flux, base_flux)):
+        stats = apply_step_cache(pipe.transformer, StepCacheConfig(threshold=0.0))
+        try:
+            out = run(pipe)
+        finally:
+            remove_step_cache(pipe.transformer)
+        assert stats.skipped_calls == 0 and stats.full_calls > 0
+        np.testing.assert_array_equal(out, base)
+    np.testing.assert_array_equal(run_wan(wan), base_wan)  # removed: stock again
+
+
+@pytest.mark.parametrize("name", ["wan", "flux"])
+def test_skipped_steps_do_not_run_the_deep_blocks(name, wan, flux):
+    pipe, run = (wan, run_wan) if name == "wan" else (flux, run_flux)
+    model = copy.deepcopy(pipe.transformer)
+    original, pipe.transformer = pipe.transformer, model
+    try:
+        base = run(pipe)
+        counter = count_deep_attention(model)
+        stats = apply_step_cache(model, ALTERNATE)
+        out = run(pipe)
+    finally:
+        pipe.transformer = original
+    deep_blocks = len(transformer_blocks(model)) - 1
+    assert stats.skipped_calls > 0
+    # every full call runs each deep block's attention once; skipped calls run none
+    assert counter[0] == stats.full_calls * deep_blocks
+    assert np.isfinite(out).all() and not np.array_equal(out, base)
+
+
+def test_no_leak_between_jobs(wan):
+    model = wan.transformer
+    apply_step_cache(model, ALTERNATE)
+    try:
+        first = run_wan(wan, prompt="a blue square", seed=3)
+        after_other = run_wan(wan, prompt="a red circle", seed=5)
+        reset_step_cache(model)
+        fresh = run_wan(wan, prompt="a red circle", seed=5)
+        # even without an explicit reset, a new trajectory starts clean
+        again = run_wan(wan, prompt="a red circle", seed=5)
+    finally:
+        remove_step_cache(model)
+    np.testing.assert_array_equal(after_other, fresh)
+    np.testing.assert_array_equal(again, fresh)
+    assert not np.array_equal(first, fresh)
+
+
+def test_no_leak_between_cfg_branches(wan):
+    """Each branch under one cache gives what a cache that only ever saw it gives."""
+    torch.manual_seed(0)
+    model = wan.transformer
+    shared, cond_only, uncond_only = (copy.deepcopy(model) for _ in range(3))
+    for m in (shared, cond_only, uncond_only):
+        apply_step_cache(m, ALTERNATE)
+    x = torch.randn(1, 16, 2, 4, 4)
+    text_c, text_u = torch.randn(1, 8, 32), torch.randn(1, 8, 32)
+    outputs = {"shared-c": [], "shared-u": [], "cond": [], "uncond": []}
+    with torch.no_grad():
+        for t in (999.0, 900.0, 780.0, 640.0, 500.0, 350.0, 200.0):
+            step = torch.tensor([t])
+            for key, m, ctx, text in (("shared-c", shared, "cond", text_c),
+                                      ("shared-u", shared, "uncond", text_u),
+                                      ("cond", cond_only, "cond", text_c),
+                                      ("uncond", uncond_only, "uncond", text_u)):
+                with m.cache_context(ctx):
+                    outputs[key].append(m(x, step, text, return_dict=False)[0])
+            x = x - 0.1 * outputs["cond"][-1]
+    assert shared._studio_step_cache.skipped_calls > 0
+    for a, b in (("shared-c", "cond"), ("shared-u", "uncond")):
+        for got, want in zip(outputs[a], outputs[b], strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_no_leak_between_batch_items(wan):
+    """With a data-independent schedule, an item of a batch gets its solo result."""
+    model = wan.transformer
+    apply_step_cache(model, ALTERNATE)
+    try:
+        batch = run_wan(wan, batch=[1, 2], guidance=1.0)
+        solo = [run_wan(wan, seed=s, guidance=1.0) for s in (1, 2)]
+        swapped = run_wan(wan, batch=[2, 1], guidance=1.0)
+    finally:
+        remove_step_cache(model)
+    for i in range(2):
+        np.testing.assert_allclose(batch[i], solo[i], atol=2e-5)
+        np.testing.assert_allclose(swapped[1 - i], solo[i], atol=2e-5)
+    assert not np.allclose(solo[0], solo[1])
+
+
+def test_profile_table_names_every_lever():
+    table = profile_table()
+    for profile in PROFILES:
+        assert f"| {profile} | cpu |" in table and f"| {profile} | cuda |" in table
+    assert "| exact | cpu | off |" in table
+
+
+# -- through the engine -------------------------------------------------------------------
+IMAGE = (np.random.default_rng(3).random((32, 32, 3)) * 255).astype(np.uint8)
+REF = MediaRef(pixels_content_id(IMAGE), "test.png")
+FAMILY_CASES = [("wan-t2v", dict(mode="t2v", num_frames=5)),
+                ("wan-ti2v", dict(mode="i2v", num_frames=5, first_frame=REF)),
+                ("wan-i2v", dict(mode="i2v", num_frames=5, first_frame=REF)),
+                ("flux", dict(mode="t2i"))]
+
+
+@pytest.mark.parametrize("model,fields", FAMILY_CASES, ids=[c[0] for c in FAMILY_CASES])
+def test_every_family_runs_under_every_profile(tiny_models, model, fields):
+    folder = tiny_models[model]
+    entry = ModelRegistry(include_hf_cache=False).resolve(str(folder))
+    runner = runner_class(entry.family)(entry, torch.device("cpu"), torch.float32)
+    results = {}
+    for profile in ("exact", "fast", "balanced", "quality", "exact"):
+        request = GenerationRequest(model=str(folder), prompt="a red circle", seed=4,
+                                    steps=10, guidance_scale=4.0, width=32, height=32,
+                                    optimization=OptimizationSettings(profile), **fields)
+        out = runner.run(request, {REF.content_id: IMAGE}, lambda *a: None)
+        assert np.isfinite(out.frames).all()
+        if profile == "exact":
+            assert not any("step cache" in n for n in out.notes)
+            if profile in results:  # back to exact after the cached profiles: stock again
+                np.testing.assert_array_equal(out.frames, results[profile])
+        else:
+            assert any(n.startswith(f"profile {profile}: step cache") for n in out.notes)
+            assert any("denoiser calls computed in full" in n for n in out.notes)
+        results[profile] = out.frames
