@@ -1,0 +1,595 @@
+"""``python -m bench cpu``: step caching against stock diffusers and its peers, in one run.
+
+For each model case (the embedded model in text-to-image and text-to-video, tiny random
+Wan and Flux) this measures, in one process:
+
+* ``baseline``: the stock diffusers pipeline, no optimization;
+* ``ours/<profile>``: our forecast step cache at each profile's settings;
+* the peers at matched speed: running fewer steps, and diffusers' own FirstBlockCache,
+  MagCache (calibrated on the model first), TaylorSeerCache, PyramidAttentionBroadcast and
+  FasterCache. A peer's knob is searched so that it makes the same number of full denoiser
+  computations as our profile (±5 %); a peer that cannot get there is reported with the
+  nearest it reached, and a peer that skips no work at all is marked as doing nothing.
+
+Per configuration: end-to-end latency (median of ``--runs`` runs) and its ratio to the
+baseline, full denoiser computations (the denoiser's linear and attention multiply-adds
+counted as they run, :class:`DenoiserWork`, in units of one full call), peak RSS above the process's level before the run, PSNR and SSIM of the
+uint8 output against the baseline output of the same seed, and, on the embedded model, the
+adherence accuracy per attribute from :mod:`studio.tiny.evaluate`.
+
+Writes ``bench/results/<date>-cpu.json``, a markdown table and a speed-versus-SSIM plot into
+``docs/PERFORMANCE.md`` / ``docs/images/cpu-speed-quality.png``.
+
+    python -m bench cpu                 # everything (about 20-40 minutes on 2 cores)
+    python -m bench cpu --quick         # 2 runs, fewer prompts, no plot: a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import io
+import json
+import os
+import platform
+import re
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+ROOT = Path(__file__).resolve().parents[1]
+EMBEDDED = ROOT / "assets" / "models" / "tiny-wan"
+DOC = ROOT / "docs" / "PERFORMANCE.md"
+PLOT = ROOT / "docs" / "images" / "cpu-speed-quality.png"
+TABLE_START, TABLE_END = "<!-- bench cpu: start -->", "<!-- bench cpu: end -->"
+PROFILES = ("quality", "balanced", "fast")
+
+
+# -- measuring ----------------------------------------------------------------------------
+class DenoiserWork(TorchFunctionMode):
+    """Counts the multiply-add work of the linear layers and attention run inside
+    ``denoiser``'s forward (text encoders and the VAE are not counted).
+
+    ``flops``: 2·tokens·in·out per ``F.linear``; 4·B·H·L·S·D per
+    ``F.scaled_dot_product_attention`` (every attention diffusers runs on the CPU goes
+    through it). Work skipped by a cache (whole blocks, attention only, or an MLP) is not
+    counted, so ``flops / flops of one full call`` is the number of full denoiser
+    computations a configuration actually made.
+    """
+
+    def __init__(self, denoiser: torch.nn.Module):
+        super().__init__()
+        self.flops = 0.0
+        self.attention_calls = 0
+        self.active = False
+        self._handles = [
+            denoiser.register_forward_pre_hook(lambda *_: setattr(self, "active", True)),
+            denoiser.register_forward_hook(lambda *_: setattr(self, "active", False))]
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.active:
+            if func is F.scaled_dot_product_attention:
+                q, k = args[0], args[1]
+                self.flops += 4.0 * q.numel() * k.shape[-2]
+                self.attention_calls += 1
+            elif func is F.linear:
+                x, w = args[0], args[1] if len(args) > 1 else kwargs["weight"]
+                self.flops += 2.0 * (x.numel() // max(x.shape[-1], 1)) * w.shape[0] * w.shape[1]
+        return func(*args, **kwargs)
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        return super().__exit__(*exc)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakRss:
+    """Samples the resident set every 5 ms in a thread; ``peak`` is the max above start."""
+
+    def __enter__(self):
+        self.start = _rss()
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, _rss() - self.start)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss() - self.start)
+
+
+def psnr_ssim(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """PSNR (dB, inf when identical) and mean SSIM of uint8 (..., H, W, 3) arrays."""
+    from skimage.metrics import peak_signal_noise_ratio, structural_similarity
+
+    a2, b2 = a.reshape(-1, *a.shape[-3:]), b.reshape(-1, *b.shape[-3:])
+    if np.array_equal(a2, b2):
+        return float("inf"), 1.0
+    psnr = float(peak_signal_noise_ratio(a2, b2, data_range=255))
+    ssim = float(np.mean([structural_similarity(x, y, channel_axis=-1, data_range=255,
+                                                win_size=min(7, x.shape[0] | 1, x.shape[1] | 1))
+                          for x, y in zip(a2, b2, strict=True)]))
+    return psnr, ssim
+
+
+# -- cases --------------------------------------------------------------------------------
+@dataclass
+class Case:
+    """One model and mode: how to run it and with how many steps."""
+
+    name: str
+    pipe: object
+    call: Callable[[object, list[str], int, int], np.ndarray]  # (pipe, prompts, seed, steps)
+    prompts: list[str]
+    steps: int
+    eval_mode: str | None = None  # adherence mode on the embedded model
+    denoiser_calls_per_step: int = 2
+
+
+def _wan_call(frames: int, size: int, guidance: float, text_len: int | None):
+    def call(pipe, prompts, seed, steps):
+        extra = {"max_sequence_length": text_len} if text_len else {}
+        gens = [torch.Generator().manual_seed(seed + i) for i in range(len(prompts))]
+        out = pipe(prompt=prompts, negative_prompt=[""] * len(prompts), height=size,
+                   width=size, num_frames=frames, num_inference_steps=steps,
+                   guidance_scale=guidance, generator=gens, output_type="np", **extra).frames
+        return (np.clip(np.asarray(out), 0, 1) * 255).round().astype(np.uint8)
+    return call
+
+
+def _flux_call(pipe, prompts, seed, steps):
+    gens = [torch.Generator().manual_seed(seed + i) for i in range(len(prompts))]
+    out = pipe(prompt=prompts, height=64, width=64, num_inference_steps=steps,
+               guidance_scale=3.5, generator=gens, output_type="np").images
+    return (np.clip(np.asarray(out), 0, 1) * 255).round().astype(np.uint8)
+
+
+def build_cases(tmp: Path, only: set[str] | None) -> list[Case]:
+    from diffusers import DiffusionPipeline, FluxPipeline, WanPipeline
+
+    from studio.engine.pipelines.base import derive_pipeline
+    from studio.testing.tiny_pipelines import build_tiny_flux, build_tiny_wan
+
+    cases = []
+    prompts = ["a small red star in the top left corner on a grass background",
+               "a large blue circle in the center on a sky background"]
+    if not only or only & {"embedded-t2i", "embedded-t2v"}:
+        base = DiffusionPipeline.from_pretrained(EMBEDDED, local_files_only=True)
+        config = {k: base.config.get(k) for k in ("expand_timesteps",) if k in base.config}
+        pipe = derive_pipeline(WanPipeline, base, **config)
+        pipe.set_progress_bar_config(disable=True)
+        studio = json.loads((EMBEDDED / "studio.json").read_text())
+        text_len = studio.get("call_kwargs", {}).get("max_sequence_length")
+        guidance = float(studio.get("capabilities", {}).get("default_guidance", 5.0))
+        if not only or "embedded-t2i" in only:
+            cases.append(Case("embedded-t2i", pipe, _wan_call(1, 64, guidance, text_len),
+                              prompts, 20, "t2i"))
+        if not only or "embedded-t2v" in only:
+            cases.append(Case("embedded-t2v", pipe, _wan_call(9, 64, guidance, text_len),
+                              prompts[:1], 20, "t2v"))
+    if not only or "tiny-wan" in only:
+        folder = build_tiny_wan(tmp / "wan", variant="t2v", num_layers=4, head_dim=32)
+        pipe = WanPipeline.from_pretrained(folder, local_files_only=True)
+        pipe.set_progress_bar_config(disable=True)
+        cases.append(Case("tiny-wan", pipe, _wan_call(9, 64, 5.0, 32), prompts[:1], 20))
+    if not only or "tiny-flux" in only:
+        folder = build_tiny_flux(tmp / "flux")
+        pipe = FluxPipeline.from_pretrained(folder, local_files_only=True)
+        pipe.set_progress_bar_config(disable=True)
+        cases.append(Case("tiny-flux", pipe, _flux_call, prompts[:1], 20,
+                          denoiser_calls_per_step=1))
+    return cases
+
+
+# -- methods ------------------------------------------------------------------------------
+@dataclass
+class Method:
+    """One configuration: ``setup(transformer)`` before, ``teardown(transformer)`` after."""
+
+    name: str
+    kind: str  # baseline | ours | fewer-steps | peer
+    setting: str = ""
+    setup: Callable | None = None
+    teardown: Callable | None = None
+    steps: int | None = None
+    info: dict = field(default_factory=dict)
+
+
+def ours(profile: str, config=None) -> Method:
+    from studio.engine.caching import apply_step_cache, remove_step_cache
+    from studio.engine.profiles import levers_for
+
+    cfg = config or levers_for(profile).step_cache
+    return Method(f"ours/{profile}", "ours", f"threshold {cfg.threshold:g}, order {cfg.order}",
+                  setup=lambda t: apply_step_cache(t, cfg),
+                  teardown=remove_step_cache)
+
+
+def diffusers_cache(name: str, config, setting: str) -> Method:
+    def setup(t):
+        t.enable_cache(copy.deepcopy(config))
+
+    def teardown(t):
+        t.disable_cache()
+
+    return Method(name, "peer", setting, setup=setup, teardown=teardown)
+
+
+def _timestep_callback(pipe):
+    return lambda: int(getattr(pipe, "_current_timestep", None) or 0)
+
+
+def peer_family(name: str, pipe, case: Case, mag_ratios) -> tuple[Callable[[float], Method],
+                                                                   list[float], bool]:
+    """(make(knob) -> Method, knob grid (ascending speed), continuous?) for one peer."""
+    from diffusers import (
+        FasterCacheConfig,
+        FirstBlockCacheConfig,
+        MagCacheConfig,
+        PyramidAttentionBroadcastConfig,
+        TaylorSeerCacheConfig,
+    )
+
+    steps = case.steps
+    if name == "fewer-steps":
+        def make(k):
+            return Method(f"fewer-steps/{int(k)}", "fewer-steps", f"{int(k)} steps",
+                          steps=int(k))
+        return make, [float(s) for s in range(steps - 1, 1, -1)], False
+    if name == "first-block-cache":
+        def make(k):
+            return diffusers_cache(f"{name}/{k:.3g}", FirstBlockCacheConfig(threshold=k),
+                                   f"threshold {k:.3g}")
+        return make, [0.02, 4.0], True
+    if name == "mag-cache":
+        def make(k):
+            return diffusers_cache(f"{name}/{k:.3g}", MagCacheConfig(
+                threshold=k, max_skip_steps=4, retention_ratio=0.1, num_inference_steps=steps,
+                mag_ratios=mag_ratios), f"threshold {k:.3g}, ≤4 skips")
+        return make, [0.005, 2.0], True
+    if name == "taylorseer":
+        def make(k):
+            return diffusers_cache(f"{name}/{int(k)}", TaylorSeerCacheConfig(
+                cache_interval=int(k), disable_cache_before_step=2, max_order=1,
+                taylor_factors_dtype=torch.float32, use_lite_mode=True),
+                f"interval {int(k)}, lite")
+        return make, [2.0, 3.0, 4.0, 5.0, 6.0, 8.0], False
+    if name == "pyramid-attention-broadcast":
+        def make(k):
+            return diffusers_cache(f"{name}/{int(k)}", PyramidAttentionBroadcastConfig(
+                spatial_attention_block_skip_range=int(k),
+                spatial_attention_timestep_skip_range=(-1, 1001),
+                current_timestep_callback=_timestep_callback(pipe)), f"skip range {int(k)}")
+        return make, [2.0, 3.0, 4.0, 6.0, 8.0], False
+    if name == "faster-cache":
+        def make(k):
+            return diffusers_cache(f"{name}/{int(k)}", FasterCacheConfig(
+                spatial_attention_block_skip_range=int(k),
+                # its first call must compute (diffusers 0.42 fails on an empty cache)
+                spatial_attention_timestep_skip_range=(-1, 950),
+                unconditional_batch_skip_range=int(k),
+                unconditional_batch_timestep_skip_range=(-1, 950),
+                current_timestep_callback=_timestep_callback(pipe),
+                attention_weight_callback=lambda _: 0.5,
+                is_guidance_distilled=case.denoiser_calls_per_step == 1),
+                f"skip range {int(k)}")
+        return make, [2.0, 3.0, 4.0, 6.0], False
+    raise ValueError(f"peer: unknown {name!r}")
+
+
+PEERS = ("fewer-steps", "first-block-cache", "mag-cache", "taylorseer",
+         "pyramid-attention-broadcast", "faster-cache")
+
+
+def calibrate_mag_ratios(case: Case) -> list[float] | None:
+    """MagCache's per-step magnitude ratios for this model, from its own calibration mode."""
+    from diffusers import MagCacheConfig
+
+    t = case.pipe.transformer
+    try:
+        t.enable_cache(MagCacheConfig(calibrate=True, num_inference_steps=case.steps))
+    except (ValueError, TypeError, AttributeError):
+        return None
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            case.call(case.pipe, case.prompts[:1], 0, case.steps)
+    finally:
+        t.disable_cache()
+    found = re.findall(r"\[([-0-9.,\se]+)\]", buf.getvalue())
+    return [float(x) for x in found[0].split(",")] if found else None
+
+
+# -- running ------------------------------------------------------------------------------
+class Runner:
+    def __init__(self, case: Case, runs: int, adherence_n: int):
+        self.case, self.runs, self.adherence_n = case, runs, adherence_n
+        self.baseline: dict | None = None
+        self.baseline_out: np.ndarray | None = None
+        self.flops_per_call: float = 1.0
+
+    def once(self, method: Method) -> tuple[np.ndarray, float, float, int]:
+        """(output, denoiser flops, seconds, peak RSS bytes) of one run."""
+        case, t = self.case, self.case.pipe.transformer
+        if method.setup:
+            method.setup(t)
+        try:
+            counter = DenoiserWork(t)
+            with PeakRss() as rss, counter:
+                t0 = time.perf_counter()
+                out = case.call(case.pipe, case.prompts, 0, method.steps or case.steps)
+                seconds = time.perf_counter() - t0
+        finally:
+            if method.teardown:
+                method.teardown(t)
+        return out, counter.flops, seconds, rss.peak
+
+    def units(self, method: Method) -> tuple[float, np.ndarray]:
+        out, flops, _, _ = self.once(method)
+        return flops / self.flops_per_call, out
+
+    def measure(self, method: Method) -> dict:
+        times, out, flops, peak = [], None, 0.0, 0
+        for _ in range(self.runs):
+            out, flops, seconds, rss = self.once(method)
+            times.append(seconds)
+            peak = max(peak, rss)
+        row = {"case": self.case.name, "method": method.name, "kind": method.kind,
+               "setting": method.setting, "latency_s": statistics.median(times),
+               "latencies_s": [round(x, 4) for x in times], "peak_rss_mb": peak / 2**20,
+               "denoiser_gflop": flops / 1e9, **method.info}
+        if self.baseline is None:  # the baseline: one full denoiser call = this many
+            self.baseline_out = out
+            self.flops_per_call = flops / (self.case.steps * self.case.denoiser_calls_per_step)
+        row["full_denoiser_calls"] = round(flops / self.flops_per_call, 2)
+        row["psnr_db"], row["ssim"] = psnr_ssim(out, self.baseline_out)
+        if self.baseline is not None:
+            row["speedup"] = self.baseline["latency_s"] / row["latency_s"]
+            row["work_ratio"] = self.baseline["full_denoiser_calls"] / max(
+                row["full_denoiser_calls"], 1e-9)
+        else:
+            row["speedup"] = row["work_ratio"] = 1.0
+        if self.case.eval_mode and self.adherence_n:
+            row["adherence"] = self.adherence(method)
+        print(f"  {row['method']:<36} {row['latency_s']:.3f}s ×{row['speedup']:.2f} "
+              f"calls {row['full_denoiser_calls']:.1f} SSIM {row['ssim']:.4f} "
+              f"PSNR {row['psnr_db']:.1f}", flush=True)
+        return row
+
+    def adherence(self, method: Method) -> dict[str, float]:
+        from studio.tiny import evaluate
+
+        case, t = self.case, self.case.pipe.transformer
+        if method.setup:
+            method.setup(t)
+        try:
+            report = evaluate.score_mode(
+                lambda caps: _squeeze(case.call(case.pipe, caps, 0, method.steps or case.steps),
+                                      case.eval_mode),
+                case.eval_mode, n=self.adherence_n, seed=0, batch_size=8)
+        finally:
+            if method.teardown:
+                method.teardown(t)
+        return {k: round(v * 100, 1) for k, v in report.accuracy.items()}
+
+
+def _squeeze(out: np.ndarray, mode: str) -> np.ndarray:
+    return out[:, 0] if mode == "t2i" and out.ndim == 5 else out
+
+
+def match(runner: Runner, make: Callable[[float], Method], grid: list[float],
+          continuous: bool, target: float) -> tuple[Method, float]:
+    """The knob setting whose full denoiser calls are nearest ``target`` (bisection for a
+    continuous knob, nearest grid point otherwise)."""
+    if not continuous:
+        best = None
+        for k in grid:
+            m = make(k)
+            u, _ = runner.units(m)
+            if best is None or abs(u - target) < abs(best[1] - target):
+                best = (m, u)
+            if u < target * 0.95:
+                break
+        return best
+    lo, hi = grid
+    best = None
+    for _ in range(10):
+        mid = (lo * hi) ** 0.5  # geometric: thresholds span decades
+        m = make(mid)
+        u, _ = runner.units(m)
+        if best is None or abs(u - target) < abs(best[1] - target):
+            best = (m, u)
+        if abs(u - target) <= 0.05 * target:
+            break
+        if u > target:
+            lo = mid
+        else:
+            hi = mid
+    return best
+
+
+def run_case(case: Case, runs: int, adherence_n: int, peers: tuple[str, ...]) -> list[dict]:
+    print(f"[{case.name}] {case.steps} steps", flush=True)
+    runner = Runner(case, runs, adherence_n)
+    rows = [runner.measure(Method("baseline", "baseline", "stock diffusers"))]
+    runner.baseline = rows[0]
+    mag_ratios = calibrate_mag_ratios(case) if "mag-cache" in peers else None
+    full = rows[0]["full_denoiser_calls"]
+    usable = {}
+    for peer in peers:  # is the peer able to skip anything on this model at all?
+        if peer == "mag-cache" and mag_ratios is None:
+            rows.append(_status_row(case, peer, "not supported on this model"))
+            continue
+        make, grid, continuous = peer_family(peer, case.pipe, case, mag_ratios)
+        try:
+            most, _ = runner.units(make(grid[-1]))
+        except Exception as exc:  # a peer that breaks on this model is reported, not fatal
+            rows.append(_status_row(case, peer, f"fails: {type(exc).__name__}: "
+                                                f"{str(exc)[:120]}"))
+            continue
+        if most >= full * 0.999:
+            rows.append(_status_row(case, peer, "skips no denoiser work even at its most "
+                                                "aggressive setting: does nothing here"))
+            continue
+        usable[peer] = (make, grid, continuous)
+    for profile in PROFILES:
+        mine = runner.measure(ours(profile))
+        mine["profile"] = profile
+        rows.append(mine)
+        target = mine["full_denoiser_calls"]
+        for peer, (make, grid, continuous) in usable.items():
+            method, _ = match(runner, make, grid, continuous, target)
+            row = runner.measure(method)
+            row.update(profile=profile, peer=peer)
+            if abs(row["full_denoiser_calls"] - target) <= 0.05 * target:
+                row["status"] = "matched"
+            else:
+                row["status"] = (f"unmatched: nearest {row['full_denoiser_calls']:.1f} calls "
+                                 f"vs {target:.1f}")
+            rows.append(row)
+    return rows
+
+
+def _status_row(case: Case, peer: str, status: str) -> dict:
+    print(f"  {peer:<36} {status}", flush=True)
+    return {"case": case.name, "method": peer, "kind": "peer", "peer": peer, "status": status}
+
+
+# -- reporting ----------------------------------------------------------------------------
+def markdown(rows: list[dict], command: str) -> str:
+    lines = [f"Command: `{command}`", "",
+             "| case | profile | method | setting | full calls | speed-up | SSIM | PSNR dB | "
+             "status |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "latency_s" not in r:
+            lines.append(f"| {r['case']} | {r.get('profile', '')} | {r['method']} | | | | | | "
+                         f"{r.get('status', '')} |")
+            continue
+        psnr = "∞" if r["psnr_db"] == float("inf") else f"{r['psnr_db']:.1f}"
+        lines.append(f"| {r['case']} | {r.get('profile', '')} | {r['method']} | {r['setting']} "
+                     f"| {r['full_denoiser_calls']:.1f} | ×{r['speedup']:.2f} | "
+                     f"{r['ssim']:.3f} | {psnr} | {r.get('status', '')} |")
+    adh = [r for r in rows if "adherence" in r]
+    if adh:
+        attrs = sorted({k for r in adh for k in r["adherence"]})
+        lines += ["", "Adherence (% correct per attribute, embedded model's evaluator):", "",
+                  "| case | method | " + " | ".join(attrs) + " |",
+                  "|---|---|" + "---|" * len(attrs)]
+        for r in adh:
+            lines.append(f"| {r['case']} | {r['method']} | " +
+                         " | ".join(f"{r['adherence'].get(a, float('nan')):.1f}"
+                                    for a in attrs) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = sorted({r["case"] for r in rows if "latency_s" in r})
+    fig, axes = plt.subplots(1, len(cases), figsize=(4.2 * len(cases), 3.6), squeeze=False)
+    for ax, case in zip(axes[0], cases, strict=True):
+        by_method: dict[str, list] = {}
+        for r in rows:
+            if r["case"] == case and "latency_s" in r and r["kind"] != "baseline":
+                key = r.get("peer") or ("ours" if r["kind"] == "ours" else r["kind"])
+                by_method.setdefault(key, []).append((r["speedup"], r["ssim"]))
+        for key, pts in sorted(by_method.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-" if key == "ours" else "x--",
+                    label=key, linewidth=2.2 if key == "ours" else 1)
+        ax.set_title(case)
+        ax.set_xlabel("speed-up vs stock diffusers (×)")
+        ax.set_ylabel("SSIM vs stock output")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def write_doc(table: str, plotted: bool) -> None:
+    text = DOC.read_text() if DOC.exists() else "# Performance\n"
+    block = f"{TABLE_START}\n{table}\n"
+    if plotted:
+        block += f"\n![speed versus quality]({PLOT.relative_to(DOC.parent).as_posix()})\n"
+    block += TABLE_END
+    if TABLE_START in text:
+        text = re.sub(re.escape(TABLE_START) + ".*?" + re.escape(TABLE_END), lambda _: block,
+                      text, flags=re.S)
+    else:
+        text += f"\n## Step caching on the CPU (`python -m bench cpu`)\n\n{block}\n"
+    tmp = DOC.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(DOC)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench cpu", description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=5, help="timed runs per configuration (≥1)")
+    ap.add_argument("--cases", default="", help="comma list of embedded-t2i, embedded-t2v, "
+                    "tiny-wan, tiny-flux (default all)")
+    ap.add_argument("--peers", default=",".join(PEERS), help="comma list of peers")
+    ap.add_argument("--adherence-prompts", type=int, default=32,
+                    help="held-out prompts scored per configuration on the embedded model")
+    ap.add_argument("--quick", action="store_true", help="2 runs, 4 prompts, no doc update")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = ap.parse_args(argv)
+    if args.runs < 1:
+        ap.error("--runs: must be at least 1")
+    peers = tuple(p for p in args.peers.split(",") if p)
+    bad = set(peers) - set(PEERS)
+    if bad:
+        ap.error(f"--peers: unknown {', '.join(sorted(bad))}; allowed {', '.join(PEERS)}")
+    if args.quick:
+        args.runs, args.adherence_prompts = 2, 4
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    only = {c for c in args.cases.split(",") if c} or None
+    rows: list[dict] = []
+    started = time.time()
+    with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
+        for case in build_cases(Path(tmp), only):
+            rows += run_case(case, args.runs, args.adherence_prompts, peers)
+    command = "python -m bench cpu " + " ".join(argv)
+    result = {"command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "seconds": round(time.time() - started, 1), "machine": platform.platform(),
+              "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
+              "rows": rows}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"{time.strftime('%Y-%m-%d')}-cpu{'-quick' if args.quick else ''}.json"
+    (out / name).write_text(json.dumps(result, indent=1, default=str))
+    table = markdown(rows, result["command"])
+    print(table)
+    if not args.quick:
+        plot(rows, PLOT)
+        write_doc(table, plotted=True)
+    print(f"wrote {out / name}")
+    return 0
