@@ -17,7 +17,7 @@ from studio.testing.tiny_pipelines import build_tiny_wan
 out = ASSETS / "models" / "tiny-wan"
 if out.exists():
     shutil.rmtree(out)
-build_tiny_wan(out, variant="ti2v", seed=1234)
+build_tiny_wan(out, variant="ti2v", seed=1234, heads=2, head_dim=64)  # kernel head dim
 (out / "studio.json").write_text(json.dumps({
     "description": "placeholder: random weights until the trained embedded model lands",
     "capabilities": {"default_width": 64, "default_height": 64, "default_frames": 9,

@@ -40,6 +40,12 @@ DEFAULT_STEP_CACHE = {
 }
 
 
+# Attention per profile on CUDA devices (studio.engine.attention). quality keeps PyTorch's SDPA
+# (FlashAttention-2/cuDNN there); balanced runs our INT8 SageAttention-style kernel; fast adds
+# block-sparse local windows for video self-attention.
+GPU_ATTENTION = {"quality": "sdpa", "balanced": "sage", "fast": "sparse"}
+
+
 @dataclass(frozen=True)
 class ProfileLevers:
     """The levers one profile turns on for one model on one device.
@@ -48,7 +54,8 @@ class ProfileLevers:
         profile: the profile's name.
         step_cache: forecast step cache settings, or None (off).
         precision: weight/compute precision lever: ``"as-loaded"`` (the model's dtype).
-        attention: attention implementation: ``"sdpa"`` (PyTorch's, via diffusers).
+        attention: ``"sdpa"`` (PyTorch's, via diffusers) or one of our kernels routed in by
+            :mod:`studio.engine.attention`: ``"flash"``, ``"sage"``, ``"sparse"``.
         compile: whether the denoiser is compiled with torch.compile.
     """
 
@@ -91,10 +98,10 @@ def levers_for(profile: str, device: torch.device | str = "cpu",
             cache = replace(cache, **override)
         except TypeError as exc:
             raise ValueError(f"studio.json step_cache.{profile}: {exc}") from exc
-    # precision, kernels and compile join here as their issues land; on the CPU the cache is
-    # the only lever that pays.
-    del device
-    return ProfileLevers(profile, step_cache=cache)
+    # On the CPU the Triton kernels cannot run (the interpreter is for tests): SDPA stays.
+    kind = torch.device(device).type
+    attention = GPU_ATTENTION[profile] if kind == "cuda" else "sdpa"
+    return ProfileLevers(profile, step_cache=cache, attention=attention)
 
 
 def _cacheable(module: torch.nn.Module) -> bool:
@@ -111,10 +118,20 @@ def apply_levers(denoisers: list[torch.nn.Module], levers: ProfileLevers) -> lis
     Returns:
         Notes for the user (what was on, what could not be applied and why).
     """
+    from studio.engine.attention import AttentionConfig, apply_attention
+
     notes = []
     for module in denoisers:
         if module is None:
             continue
+        current = getattr(module, "_studio_attention", None)
+        if (current[0].kernel if current else "sdpa") != levers.attention:
+            kernel = levers.attention
+            apply_attention(module, AttentionConfig(
+                kernel=kernel, sparse_inner="sage" if kernel == "sparse" else "flash"))
+        routed = getattr(module, "_studio_attention", None)
+        if routed:
+            routed[1].clear()  # counts per job
         if levers.step_cache is None:
             remove_step_cache(module)
         elif not _cacheable(module):
@@ -129,6 +146,17 @@ def apply_levers(denoisers: list[torch.nn.Module], levers: ProfileLevers) -> lis
     if levers.profile != "exact":
         notes.insert(0, levers.describe())
     return notes
+
+
+def attention_stats(denoisers: list[torch.nn.Module]) -> dict[str, int]:
+    """Attention calls by path over the job's denoisers (empty when not routed)."""
+    total: dict[str, int] = {}
+    for m in denoisers:
+        routed = getattr(m, "_studio_attention", None) if m is not None else None
+        if routed:
+            for path, n in routed[1].items():
+                total[path] = total.get(path, 0) + n
+    return total
 
 
 def cache_stats(denoisers: list[torch.nn.Module]) -> StepCacheStats | None:

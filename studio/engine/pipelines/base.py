@@ -177,13 +177,18 @@ class FamilyRunner:
 
     def profile_notes(self) -> list[str]:
         """After a run: what the levers did (denoiser calls computed in full / skipped)."""
-        from studio.engine.profiles import cache_stats
+        from studio.engine.profiles import attention_stats, cache_stats
 
+        notes = []
         stats = cache_stats(self.denoisers())
-        if stats is None or stats.calls == 0:
-            return []
-        return [f"step cache: {stats.full_calls} of {stats.calls} denoiser calls computed in "
-                f"full, {stats.skipped_calls} forecast"]
+        if stats is not None and stats.calls:
+            notes.append(f"step cache: {stats.full_calls} of {stats.calls} denoiser calls "
+                         f"computed in full, {stats.skipped_calls} forecast")
+        paths = attention_stats(self.denoisers())
+        if paths:
+            notes.append("attention calls: " + ", ".join(f"{n} {p}" for p, n in
+                                                         sorted(paths.items())))
+        return notes
 
     def generator(self, seed: int) -> torch.Generator:
         """The job's noise generator: always on the CPU, so the initial noise of a seed is the

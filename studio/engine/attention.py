@@ -1,0 +1,225 @@
+"""Our attention kernels inside any diffusers denoiser: a scoped attention backend.
+
+:func:`apply_attention` installs a diffusers model hook on the denoiser; for the duration of
+each of its forward calls (and only then, only on this model) a ``TorchFunctionMode`` routes
+``F.scaled_dot_product_attention`` to one of our ops in :mod:`studio.kernels`:
+
+* ``flash``: :func:`studio.kernels.attention.attention` (flash-style, fp32 accumulation);
+* ``sage``: :func:`studio.kernels.sage_attention.sage_attention` (INT8 Q·Kᵀ, FP8 or 16-bit
+  P·V, after SageAttention);
+* ``sparse``: video self-attention (queries and keys both the latent video tokens) through
+  :func:`studio.kernels.block_sparse_attention.block_sparse_attention` with a local
+  spatio-temporal window over the (frames, height, width) token grid read from the
+  denoiser's input; every other attention call (text cross-attention, single images) runs
+  ``sage`` or ``flash`` as ``sparse_inner`` says.
+
+Why a routed function rather than per-family attention processors: every diffusers family
+reaches PyTorch's SDPA in the end, including those whose processors call it directly (SD3,
+the SD/SDXL UNet, CogVideoX, HiDream) and so ignore ``set_attention_backend``; routing at that
+one function covers them all without copying any processor, and leaves RoPE, QK-norm and the
+projections to diffusers. Calls the kernels do not cover (an attention mask, causal or
+dropout, grouped-query heads) run SDPA unchanged; the reason is logged once per kind.
+
+Source for the technique of routing through a torch function mode: PyTorch's
+``TorchFunctionMode`` (``torch.overrides``), as used by ``torch.utils.flop_counter``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from diffusers.hooks import HookRegistry, ModelHook
+from torch.overrides import TorchFunctionMode
+
+log = logging.getLogger(__name__)
+
+_HOOK = "studio_attention_router"
+KERNELS = ("sdpa", "flash", "sage", "sparse")
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Which attention the denoiser runs.
+
+    Attributes:
+        kernel: ``sdpa`` (PyTorch, i.e. off), ``flash``, ``sage`` or ``sparse``.
+        sparse_window: (frames, rows, cols) half-extents in latent tokens of the local window
+            each video token attends to (``sparse`` only).
+        sparse_inner: ``flash`` or ``sage``: what non-video-self-attention calls run.
+        block: the sparse kernel's query/key block size in tokens (16, 32, 64 or 128).
+
+    Raises:
+        ValueError: (at construction) a field out of range, naming it.
+    """
+
+    kernel: str = "sdpa"
+    sparse_window: tuple[int, int, int] = (1, 4, 4)
+    sparse_inner: str = "flash"
+    block: int = 64
+
+    def __post_init__(self):
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel: {self.kernel!r} is not one of {', '.join(KERNELS)}")
+        if self.sparse_inner not in ("flash", "sage"):
+            raise ValueError(f"sparse_inner: {self.sparse_inner!r} is not flash or sage")
+        if len(self.sparse_window) != 3 or any(int(w) < 0 for w in self.sparse_window):
+            raise ValueError(f"sparse_window: {self.sparse_window!r} must be 3 non-negative "
+                             f"half-extents (frames, rows, cols)")
+        if self.block not in (16, 32, 64, 128):
+            raise ValueError(f"block: {self.block} is not one of 16, 32, 64, 128")
+
+
+class AttentionStats(Counter):
+    """Attention calls by path: ``flash``, ``sage``, ``sparse``, ``sdpa`` (not routed)."""
+
+
+_LOGGED: set[str] = set()
+_BROKEN: set[str] = set()  # kernels that failed at run time in this process
+
+
+def _log_once(reason: str) -> None:
+    if reason not in _LOGGED:
+        _LOGGED.add(reason)
+        log.info("attention: SDPA kept for %s", reason)
+
+
+def _unrouted_reason(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa) -> str | None:
+    if attn_mask is not None:
+        return "calls with an attention mask"
+    if is_causal:
+        return "causal attention"
+    if dropout_p:
+        return "attention dropout"
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return f"{q.dim()}-D inputs (the kernels take (batch, heads, seq, head_dim))"
+    if k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1] or enable_gqa:
+        return "grouped-query attention"
+    if k.shape[-1] != q.shape[-1] or v.shape[-1] != q.shape[-1]:
+        return "different query/key/value head dims"
+    return None
+
+
+class _Router(TorchFunctionMode):
+    def __init__(self, config: AttentionConfig, stats: AttentionStats,
+                 grid: tuple[int, int, int] | None, layouts: dict):
+        super().__init__()
+        self.config, self.stats, self.grid, self.layouts = config, stats, grid, layouts
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+                 "enable_gqa")
+        bound = dict(zip(names, args, strict=False)) | kwargs
+        q, k, v = bound["query"], bound["key"], bound["value"]
+        reason = _unrouted_reason(q, k, v, bound.get("attn_mask"), bound.get("dropout_p", 0.0),
+                                  bound.get("is_causal", False), bound.get("enable_gqa", False))
+        if reason is not None:
+            _log_once(reason)
+            self.stats["sdpa"] += 1
+            return func(*args, **kwargs)
+        if self.config.kernel in _BROKEN:
+            self.stats["sdpa"] += 1
+            return func(*args, **kwargs)
+        try:
+            return self.route(q, k, v, bound.get("scale"))
+        except (RuntimeError, ImportError) as exc:  # e.g. a Triton compile failure
+            _BROKEN.add(self.config.kernel)
+            log.warning("attention: %s kernel failed (%s: %s); SDPA from now on",
+                        self.config.kernel, type(exc).__name__, str(exc)[:200])
+            self.stats["sdpa"] += 1
+            return func(*args, **kwargs)
+
+    def route(self, q, k, v, scale):
+        cfg = self.config
+        kernel = cfg.kernel
+        if kernel == "sparse":
+            layout = self.video_layout(q, k)
+            if layout is not None:
+                from studio.kernels.block_sparse_attention import block_sparse_attention
+
+                self.stats["sparse"] += 1
+                return block_sparse_attention(q, k, v, layout, scale=scale)[0]
+            kernel = cfg.sparse_inner
+        self.stats[kernel] += 1
+        if kernel == "sage":
+            from studio.kernels.sage_attention import sage_attention
+
+            return sage_attention(q, k, v, scale=scale)[0]
+        from studio.kernels.attention import attention
+
+        return attention(q, k, v, scale=scale)[0]
+
+    def video_layout(self, q, k):
+        """The block-sparse layout for video self-attention, None for any other call."""
+        if self.grid is None:
+            return None
+        frames, rows, cols = self.grid
+        n = frames * rows * cols
+        if frames < 2 or q.shape[2] != n or k.shape[2] != n:
+            return None
+        key = (self.grid, self.config.sparse_window, self.config.block, q.device)
+        layout = self.layouts.get(key)
+        if layout is None:
+            from studio.kernels.block_sparse_attention import BlockSparseLayout
+            from studio.kernels.block_sparse_attention.mask import build_video_mask
+
+            b = self.config.block
+            mask = build_video_mask(frames, rows, cols, 0, b, b, self.config.sparse_window,
+                                    device=q.device)
+            layout = self.layouts[key] = BlockSparseLayout.from_mask(mask, b, b)
+        return layout
+
+
+def token_grid(transformer: torch.nn.Module, hidden_states: torch.Tensor
+               ) -> tuple[int, int, int] | None:
+    """(frames, rows, cols) of the latent tokens for a 5-D (B, C, F, H, W) input and the
+    model's ``patch_size`` (Wan, LTX-style 3-D patching); None for any other layout."""
+    patch = getattr(getattr(transformer, "config", None), "patch_size", None)
+    if hidden_states is None or hidden_states.dim() != 5 or patch is None:
+        return None
+    if isinstance(patch, int):
+        patch = (1, patch, patch)
+    pt, ph, pw = (int(p) for p in patch)
+    _, _, f, h, w = hidden_states.shape
+    return f // pt, h // ph, w // pw
+
+
+class _RootHook(ModelHook):
+    def __init__(self, config: AttentionConfig, stats: AttentionStats):
+        super().__init__()
+        self.config, self.stats, self.layouts = config, stats, {}
+
+    def new_forward(self, module, *args, **kwargs):
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        grid = token_grid(module, hidden) if torch.is_tensor(hidden) else None
+        with _Router(self.config, self.stats, grid, self.layouts):
+            return self.fn_ref.original_forward(*args, **kwargs)
+
+
+def apply_attention(transformer: torch.nn.Module, config: AttentionConfig) -> AttentionStats:
+    """Routes the denoiser's attention through our kernels (see the module docstring).
+
+    ``kernel='sdpa'`` removes the routing. Returns the live call counts by path.
+    """
+    remove_attention(transformer)
+    stats = AttentionStats()
+    if config.kernel == "sdpa":
+        return stats
+    HookRegistry.check_if_exists_or_initialize(transformer).register_hook(
+        _RootHook(config, stats), _HOOK)
+    transformer._studio_attention = (config, stats)
+    return stats
+
+
+def remove_attention(transformer: torch.nn.Module) -> None:
+    """Back to PyTorch's SDPA (no-op when not routed)."""
+    if getattr(transformer, "_studio_attention", None) is None:
+        return
+    HookRegistry.check_if_exists_or_initialize(transformer).remove_hook(_HOOK, recurse=False)
+    transformer._studio_attention = None

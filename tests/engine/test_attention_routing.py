@@ -1,0 +1,136 @@
+"""Our attention kernels inside real diffusers denoisers, interpreted on the CPU.
+
+The routing must send the model's attention through the Triton kernels (the launch counters
+prove it), give the SDPA result within each kernel's tolerance, fall back to SDPA for calls
+the kernels do not cover, and leave the model stock once removed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from diffusers import DiffusionPipeline, WanPipeline, WanTransformer3DModel
+
+from studio.engine.attention import AttentionConfig, apply_attention, remove_attention
+from studio.engine.models.registry import DEFAULT_EMBEDDED, EMBEDDED_DIR
+from studio.engine.pipelines.base import derive_pipeline
+from studio.kernels.attention import op as flash_op
+from studio.kernels.sage_attention import op as sage_op
+
+
+def tiny_wan(heads=2, head_dim=32, layers=2) -> WanTransformer3DModel:
+    torch.manual_seed(0)
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim,
+        in_channels=4, out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32,
+        num_layers=layers, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32).eval()
+
+
+def call(model, x, text, t=500.0):
+    with torch.no_grad():
+        return model(x, torch.tensor([t]), text, return_dict=False)[0]
+
+
+def test_config_rejects_bad_fields():
+    with pytest.raises(ValueError, match="kernel"):
+        AttentionConfig(kernel="xformers")
+    with pytest.raises(ValueError, match="sparse_window"):
+        AttentionConfig(kernel="sparse", sparse_window=(1, -1, 2))
+    with pytest.raises(ValueError, match="block"):
+        AttentionConfig(block=48)
+
+
+def test_flash_routing_runs_triton_and_matches_sdpa():
+    model = tiny_wan()
+    x, text = torch.randn(1, 4, 3, 6, 10), torch.randn(1, 7, 16)  # 45 tokens, odd
+    want = call(model, x, text)
+    before = flash_op.LAUNCHES["triton"]
+    stats = apply_attention(model, AttentionConfig(kernel="flash"))
+    got = call(model, x, text)
+    # 2 blocks x (self + cross attention)
+    assert stats["flash"] == 4 and flash_op.LAUNCHES["triton"] - before == 4
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    remove_attention(model)
+    torch.testing.assert_close(call(model, x, text), want, atol=0, rtol=0)
+
+
+def test_sage_routing_is_close_to_sdpa():
+    model = tiny_wan()
+    x, text = torch.randn(1, 4, 3, 6, 10), torch.randn(1, 7, 16)
+    want = call(model, x, text)
+    before = sage_op.LAUNCHES["triton"]
+    stats = apply_attention(model, AttentionConfig(kernel="sage"))
+    got = call(model, x, text)
+    assert stats["sage"] == 4 and sage_op.LAUNCHES["triton"] - before == 4
+    cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+    assert cos > 0.999 and not torch.equal(got, want)
+
+
+def test_sparse_routing_uses_the_video_token_grid():
+    model = tiny_wan()
+    x, text = torch.randn(1, 4, 4, 8, 8), torch.randn(1, 7, 16)  # grid 4 x 4 x 4 = 64 tokens
+    want = call(model, x, text)
+    # a window covering the whole clip keeps every block: dense attention again
+    wide = apply_attention(model, AttentionConfig(kernel="sparse", sparse_window=(4, 4, 4),
+                                                  block=16))
+    torch.testing.assert_close(call(model, x, text), want, atol=2e-5, rtol=1e-4)
+    assert wide["sparse"] == 2 and wide["flash"] == 2  # self-attn sparse, cross-attn flash
+    narrow = apply_attention(model, AttentionConfig(kernel="sparse", sparse_window=(0, 1, 1),
+                                                    block=16))
+    got = call(model, x, text)
+    assert narrow["sparse"] == 2 and torch.isfinite(got).all()
+    assert not torch.allclose(got, want, atol=1e-3)  # frames no longer see each other
+    remove_attention(model)
+
+
+def test_masked_calls_stay_on_sdpa():
+    model = torch.nn.Module()
+    stats = apply_attention(model, AttentionConfig(kernel="flash"))
+    from studio.engine.attention import _Router
+
+    q = torch.randn(1, 2, 5, 32)
+    mask = torch.ones(5, 5, dtype=torch.bool)
+    with _Router(AttentionConfig(kernel="flash"), stats, None, {}):
+        out = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, q, q))
+    assert stats["sdpa"] == 1 and stats["flash"] == 0
+
+
+def test_embedded_model_steps_through_interpreted_kernels_match_sdpa():
+    """Two denoising steps of the embedded model (head dim 64) via Triton ≈ via SDPA."""
+    base = DiffusionPipeline.from_pretrained(EMBEDDED_DIR / DEFAULT_EMBEDDED,
+                                             local_files_only=True)
+    pipe = derive_pipeline(WanPipeline, base, expand_timesteps=base.config.expand_timesteps)
+
+    def run():
+        return pipe("a small red star on a grass background", height=64, width=64,
+                    num_frames=1, num_inference_steps=2, guidance_scale=4.0,
+                    generator=torch.Generator().manual_seed(0), output_type="np",
+                    max_sequence_length=32).frames[0]
+
+    want = run()
+    before = flash_op.LAUNCHES["triton"]
+    stats = apply_attention(pipe.transformer, AttentionConfig(kernel="flash"))
+    got = run()
+    remove_attention(pipe.transformer)
+    assert stats["flash"] > 0 and flash_op.LAUNCHES["triton"] - before == stats["flash"]
+    np.testing.assert_allclose(got, want, atol=2e-3)
+
+
+def test_profiles_route_attention_on_cuda_only():
+    from studio.engine.profiles import apply_levers, levers_for
+
+    assert {levers_for(p, "cpu").attention for p in ("quality", "balanced", "fast")} == {"sdpa"}
+    assert levers_for("balanced", "cuda").attention == "sage"
+    assert levers_for("fast", "cuda").attention == "sparse"
+    model = tiny_wan()
+    x, text = torch.randn(1, 4, 3, 6, 10), torch.randn(1, 7, 16)
+    apply_levers([model], levers_for("balanced", "cuda"))
+    call(model, x, text)
+    assert model._studio_attention[1]["sage"] == 4
+    apply_levers([model], levers_for("balanced", "cuda"))  # a new job: counts start again
+    assert model._studio_attention[1]["sage"] == 0
+    apply_levers([model], levers_for("exact", "cuda"))
+    assert model._studio_attention is None
