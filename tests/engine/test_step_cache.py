@@ -233,3 +233,10 @@ def test_every_family_runs_under_every_profile(tiny_models, model, fields):
             assert any(n.startswith(f"profile {profile}: step cache") for n in out.notes)
             assert any("denoiser calls computed in full" in n for n in out.notes)
         results[profile] = out.frames
+
+
+def test_performance_doc_holds_the_current_profile_table():
+    from studio.paths import REPO_ROOT
+
+    doc = (REPO_ROOT / "docs" / "PERFORMANCE.md").read_text()
+    assert profile_table() in doc, "regenerate with: python -m studio.engine.profiles"
