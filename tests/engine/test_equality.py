@@ -70,7 +70,7 @@ def test_same_pixels_as_stock_diffusers(tiny_models, model, cls_name, fields, ex
     total = steps[-1][1]
     assert [s[0] for s in steps] == list(range(1, total + 1))
     assert all(max(s[2][:2]) <= 256 and s[2][2] == 3 for s in steps)
-    assert set(ours.timings) == {"prepare", "denoise", "decode"}
+    assert set(ours.timings) == {"prepare", "text_encode", "denoise", "decode"}
 
 
 def test_finished_frames_are_stock_rounding(tiny_models):

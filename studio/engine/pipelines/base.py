@@ -144,6 +144,39 @@ def make_callback(on_step: StepFn, clock: StageClock,
     return callback
 
 
+class EmbeddingCache:
+    """Least-recently-used cache of encoder outputs (text embeddings, VAE latents) by key.
+
+    Keys are plain tuples naming everything the value depends on (prompt, negative prompt,
+    sequence length, guidance on/off; or an image's pixel content id and size); values are
+    tuples of tensors, kept on the model's device. ``max_entries`` bounds the memory (a text
+    embedding of a real model is ~0.5-4 MB in bf16).
+    """
+
+    def __init__(self, max_entries: int = 32):
+        from collections import OrderedDict
+
+        self.max_entries = max_entries
+        self._items: OrderedDict = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, key: tuple, compute: Callable[[], tuple]) -> tuple[tuple, bool]:
+        """(value, reused): the cached value for ``key``, or ``compute()`` stored under it."""
+        if key in self._items:
+            self._items.move_to_end(key)
+            self.hits += 1
+            return self._items[key], True
+        self.misses += 1
+        value = compute()
+        self._items[key] = value
+        while len(self._items) > self.max_entries:
+            self._items.popitem(last=False)
+        return value, False
+
+    def clear(self) -> None:
+        self._items.clear()
+
+
 class FamilyRunner:
     """Base of the per-family runners: one loaded model, run many requests.
 
@@ -155,6 +188,18 @@ class FamilyRunner:
         self.device = device
         self.dtype = dtype
         self.preview: LatentPreview | None = None
+        self.embeddings = EmbeddingCache()
+
+    def encode_text(self, key: tuple, compute: Callable[[], tuple],
+                    timings: dict[str, float], notes: list[str]) -> tuple:
+        """Text embeddings for ``key`` from the cache, or computed (``compute()``) and kept;
+        records ``timings["text_encode"]`` (0 when reused) and a note when reused."""
+        t0 = time.perf_counter()
+        value, reused = self.embeddings.get(("text", *key), compute)
+        timings["text_encode"] = 0.0 if reused else time.perf_counter() - t0
+        if reused:
+            notes.append("text embeddings reused (same prompt as an earlier job)")
+        return value
 
     def run(self, request: GenerationRequest, inputs: dict[str, np.ndarray],
             on_step: StepFn) -> RunOutput:

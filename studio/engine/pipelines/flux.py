@@ -62,7 +62,16 @@ class FluxRunner(FamilyRunner):
         def unpack(latents: torch.Tensor) -> torch.Tensor:
             return FluxPipeline._unpack_latents(latents, h, w, vsf)
 
-        kwargs = dict(prompt=request.prompt, height=h, width=w,
+        timings: dict[str, float] = {}
+        notes: list[str] = []
+        max_len = int(self.entry.call_kwargs.get("max_sequence_length", 512))
+        prompt_embeds, pooled, _ = self.encode_text(
+            (request.prompt, max_len),
+            lambda: pipe.encode_prompt(request.prompt, None, device=self.device,
+                                       max_sequence_length=max_len),
+            timings, notes)
+        kwargs = dict(prompt_embeds=prompt_embeds, pooled_prompt_embeds=pooled,
+                      max_sequence_length=max_len, height=h, width=w,
                       num_inference_steps=request.steps, guidance_scale=request.guidance_scale,
                       generator=self.generator(request.seed), output_type="np",
                       callback_on_step_end=make_callback(on_step, clock, unpack),
@@ -70,9 +79,9 @@ class FluxRunner(FamilyRunner):
         if request.mode == "i2i":
             image = fit_image(inputs[request.init_image.content_id], w, h)
             kwargs.update(image=to_pil(image), strength=request.strength)
-        notes = self.apply_profile(request)
+        notes = self.apply_profile(request) + notes
         images = pipe(**kwargs).images
         if request.negative_prompt:
             notes.append("FLUX.1 ignores the negative prompt")
-        return RunOutput(np.asarray(images, dtype=np.float32), clock.finish(),
+        return RunOutput(np.asarray(images, dtype=np.float32), {**timings, **clock.finish()},
                          notes + self.profile_notes())

@@ -75,7 +75,14 @@ class WanRunner(FamilyRunner):
     @torch.no_grad()
     def encode_image(self, pixels: np.ndarray) -> torch.Tensor:
         """uint8 (H, W, 3) -> normalised latents (1, C, 1, h, w), as Wan's pipelines normalise
-        them (posterior mode; ``(z - latents_mean) / latents_std``)."""
+        them (posterior mode; ``(z - latents_mean) / latents_std``). Cached by the pixels'
+        content id: a reference or init image used again is not re-encoded."""
+        from studio.core.media import pixels_content_id
+
+        key = ("vae", pixels_content_id(pixels), pixels.shape)
+        return self.embeddings.get(key, lambda: (self._encode_image(pixels),))[0][0]
+
+    def _encode_image(self, pixels: np.ndarray) -> torch.Tensor:
         vae = self.base.vae
         x = torch.from_numpy(np.ascontiguousarray(pixels)).to(self.device, vae.dtype)
         x = x.permute(2, 0, 1)[None, :, None] / 127.5 - 1.0
@@ -97,8 +104,18 @@ class WanRunner(FamilyRunner):
             blend = LatentBlend(self, fit_image(inputs[request.init_image.content_id],
                                                 request.width, request.height), mask,
                                 request.seed)
+        timings: dict[str, float] = {}
+        notes: list[str] = []
+        max_len = int(self.entry.call_kwargs.get("max_sequence_length", 512))
+        cfg = request.guidance_scale > 1.0
+        prompt_embeds, negative_embeds = self.encode_text(
+            (request.prompt, request.negative_prompt if cfg else None, max_len),
+            lambda: pipe.encode_prompt(request.prompt, request.negative_prompt or None,
+                                       do_classifier_free_guidance=cfg,
+                                       max_sequence_length=max_len, device=self.device),
+            timings, notes)
         kwargs = dict(**self.entry.call_kwargs,
-            prompt=request.prompt, negative_prompt=request.negative_prompt,
+            prompt_embeds=prompt_embeds, negative_prompt_embeds=negative_embeds,
             height=request.height, width=request.width,
             num_inference_steps=request.steps, guidance_scale=request.guidance_scale,
             generator=self.generator(request.seed), output_type="np",
@@ -114,7 +131,7 @@ class WanRunner(FamilyRunner):
             image = fit_image(inputs[request.first_frame.content_id], request.width,
                               request.height)
             kwargs["image"] = to_pil(image)
-        notes = self.apply_profile(request)
+        notes = self.apply_profile(request) + notes
         hooks = []
         if mode == "r2v":
             ref = fit_image(inputs[request.references[0].content_id], request.width,
@@ -130,7 +147,7 @@ class WanRunner(FamilyRunner):
             init = fit_image(inputs[request.init_image.content_id], request.width,
                              request.height).astype(np.float32) / 255.0
             frames = np.where(keep, init[None], frames)
-        return RunOutput(frames, clock.finish(), notes + self.profile_notes())
+        return RunOutput(frames, {**timings, **clock.finish()}, notes + self.profile_notes())
 
 
 class LatentBlend:
