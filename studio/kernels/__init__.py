@@ -5,6 +5,7 @@
 - ``block_sparse_attention``: block-sparse attention over local video windows plus text.
 - ``adaln_norm``: LayerNorm / RMSNorm fused with AdaLN modulation.
 - ``gated_residual``: ``x + gate * y``.
+- ``qk_norm_rope``: query/key RMSNorm (per head or across heads) fused with RoPE.
 
 Import the op you need (``from studio.kernels.attention import attention``); this package
 imports none of them, so importing it loads neither torch nor Triton. On the CPU the Triton
