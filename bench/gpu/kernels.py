@@ -117,6 +117,8 @@ def correctness(device: str, smoke: bool) -> Checks:
     )
     from studio.kernels.gated_residual import LAUNCHES as GATE_LAUNCHES
     from studio.kernels.gated_residual import gated_residual, gated_residual_reference
+    from studio.kernels.qk_norm_rope import LAUNCHES as QK_LAUNCHES
+    from studio.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_reference
     from studio.kernels.sage_attention import LAUNCHES as SAGE_LAUNCHES
     from studio.kernels.sage_attention import (
         device_supports_fp8,
@@ -253,6 +255,23 @@ def correctness(device: str, smoke: bool) -> Checks:
         checks.add("gated_residual", ok, bf16_detail(out, ref))
 
     checks.run("gated_residual", check_gate)
+
+    for norm in ("head", "all"):
+        name = f"qk_norm_rope {norm}"
+
+        def check_qk(norm=norm, name=name):
+            heads, head_dim = (3, 64) if smoke else (24, 128)
+            x = randn(2, rows, heads * head_dim, dtype=torch.bfloat16, scale=2.0)
+            w = randn(head_dim if norm == "head" else heads * head_dim, scale=0.2) + 1
+            angle = randn(1, rows, head_dim // 2, scale=3.0).repeat_interleave(2, -1)
+            out = torch.full_like(x, nan)
+            before = QK_LAUNCHES["triton"]
+            qk_norm_rope(x, w, angle.cos(), angle.sin(), heads=heads, norm=norm, out=out)
+            ref = qk_norm_rope_reference(x, w, angle.cos(), angle.sin(), heads, 1e-6, norm)
+            ok = ran_triton(QK_LAUNCHES, before) and within_bf16_ulp(out, ref)
+            checks.add(name, ok, bf16_detail(out, ref))
+
+        checks.run(name, check_qk)
     return checks
 
 
@@ -434,6 +453,26 @@ def time_norms(timings: Timings, name: str, b: int, s: int, dim: int) -> None:
     timings.run(name, "torch x + gate*y", lambda: x + gate * y, bytes_moved=moved)
     timings.run(name, "studio gated_residual", lambda: gated_residual(x, gate, y, out=out),
                 bytes_moved=moved, baseline="torch x + gate*y")
+
+    from studio.kernels.qk_norm_rope import qk_norm_rope
+
+    head_dim = 128 if dim % 128 == 0 else 32
+    heads = dim // head_dim
+    rms = torch.nn.RMSNorm(head_dim, eps=1e-6).to(dev, torch.bfloat16)
+    angle = torch.rand(1, s, head_dim // 2, device=dev) * 6.3
+    cos, sin = angle.repeat_interleave(2, -1).cos(), angle.repeat_interleave(2, -1).sin()
+
+    def torch_qk():  # what diffusers runs for Flux: RMSNorm per head, then the rotation
+        n = rms(x.unflatten(2, (heads, -1)))
+        x1, x2 = n.unflatten(-1, (-1, 2)).unbind(-1)
+        rot = torch.stack([-x2, x1], -1).flatten(3)
+        return (n.float() * cos[:, :, None] + rot.float() * sin[:, :, None]).to(n.dtype)
+
+    moved = 2 * x.numel() * x.element_size()
+    timings.run(name, "torch rms_norm + rope", torch_qk, bytes_moved=moved)
+    timings.run(name, "studio qk_norm_rope",
+                lambda: qk_norm_rope(x, rms.weight, cos, sin, heads=heads, out=out),
+                bytes_moved=moved, baseline="torch rms_norm + rope")
 
 
 # ---------------------------------------------------------------------------- report
