@@ -24,6 +24,7 @@ from studio.core.media import InputImageError, pixels_content_id
 from studio.core.request import EngineEnvironment, GenerationRequest, RequestError
 from studio.engine import events as ev
 from studio.engine.job import Job
+from studio.engine.memory import NotEnoughMemory
 from studio.engine.models.folders import ModelError
 from studio.engine.models.registry import ModelEntry, ModelRegistry
 from studio.engine.pipelines.base import FamilyRunner, JobCancelled
@@ -110,14 +111,45 @@ class JobExecutor:
     """
 
     def __init__(self, registry: ModelRegistry | None = None, device: torch.device | None = None,
-                 max_loaded: int = 2):
+                 max_loaded: int = 2, memory_budget_bytes: int = 0):
         self.registry = registry or ModelRegistry()
         self.device = device or default_device()
         self.dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
         self.max_loaded = max_loaded
+        self.memory_budget_bytes = int(memory_budget_bytes)
         self.loaded: OrderedDict[str, FamilyRunner] = OrderedDict()
         self.load_count = 0
         _quiet_libraries()
+
+    # -- memory -----------------------------------------------------------------------------
+    def budget_bytes(self) -> int:
+        """The memory the engine may use on its device: the configured budget, or (0 =
+        automatic) what is free now plus what the loaded models already hold."""
+        if self.memory_budget_bytes > 0:
+            return self.memory_budget_bytes
+        from studio.engine.memory import available_bytes, module_bytes
+
+        held = sum(module_bytes(m) for r in self.loaded.values()
+                   for m in r.base.components.values() if isinstance(m, torch.nn.Module))
+        return available_bytes(self.device) + held
+
+    def plan_memory(self, runner: FamilyRunner, request: GenerationRequest, after=None):
+        """Chooses and applies the memory plan for a job (see studio.engine.memory).
+
+        Small jobs (a generous bound under half the budget) skip the traced estimate.
+        Raises:
+            NotEnoughMemory: nothing fits the budget (the message gives the numbers).
+        """
+        from studio.engine.memory import MemoryPlan, choose_plan, quick_bound
+
+        budget = self.budget_bytes()
+        if after is None and quick_bound(runner, request) < budget // 2:
+            plan = MemoryPlan("none", False, quick_bound(runner, request), budget)
+        else:
+            plan = choose_plan(runner.memory_estimate(request), budget, self.device.type,
+                               after=after)
+        runner.apply_memory_plan(plan)
+        return plan
 
     # -- environment ------------------------------------------------------------------------
     def environment(self) -> EngineEnvironment:
@@ -147,7 +179,10 @@ class JobExecutor:
         if key in self.loaded:
             self.loaded.move_to_end(key)
             return self.loaded[key], 0.0
-        while len(self.loaded) >= self.max_loaded:
+        budget = self.memory_budget_bytes
+        while self.loaded and (len(self.loaded) >= self.max_loaded or (
+                budget and sum(r.entry.size_bytes for r in self.loaded.values())
+                + entry.size_bytes > budget)):
             self.loaded.popitem(last=False)
             gc.collect()
             if self.device.type == "cuda":
@@ -219,8 +254,22 @@ class JobExecutor:
                 if is_cancelled():
                     raise JobCancelled(step)
 
-            with torch.inference_mode():
-                out = runner.run(request, job.inputs, on_step)
+            plan = self.plan_memory(runner, request)
+            try:
+                with torch.inference_mode():
+                    out = runner.run(request, job.inputs, on_step)
+            except torch.OutOfMemoryError as exc:  # retry once with the next plan down
+                log.warning("job %s: out of memory under %s; retrying (%s)", jid,
+                            plan.describe(), str(exc)[:120])
+                gc.collect()
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                plan = self.plan_memory(runner, request, after=plan)
+                with torch.inference_mode():
+                    out = runner.run(request, job.inputs, on_step)
+                out.notes.append("retried after running out of memory")
+            if plan.offload != "none" or plan.vae_tiling:
+                out.notes.append(plan.describe())
             frames = (np.clip(out.frames, 0.0, 1.0) * 255).round().astype(np.uint8)
             peak = max(peak, _rss_bytes())
             if self.device.type == "cuda":
@@ -236,6 +285,8 @@ class JobExecutor:
             result = ev.Failed(jid, ev.BAD_INPUT, str(exc))
         except ModelError as exc:
             result = ev.Failed(jid, ev.MODEL_ERROR, str(exc))
+        except NotEnoughMemory as exc:
+            result = ev.Failed(jid, ev.OUT_OF_MEMORY, str(exc))
         except torch.OutOfMemoryError as exc:
             result = ev.Failed(jid, ev.OUT_OF_MEMORY, f"out of memory: {str(exc)[:200]}")
         except Exception as exc:  # a bug: keep the worker alive, report it, keep the trace

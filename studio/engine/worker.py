@@ -44,6 +44,7 @@ class WorkerConfig:
         max_loaded: models kept loaded between jobs.
         preload: model ids a child-process worker loads as soon as it starts, so the first
             job does not wait for imports and loading (errors are left for that job to report).
+        memory_budget_gb: device memory the engine may use, GiB (0: what is free).
     """
 
     model_folders: tuple[str, ...] = ()
@@ -52,6 +53,7 @@ class WorkerConfig:
     torch_threads: int = 0
     max_loaded: int = 2
     preload: tuple[str, ...] = ()
+    memory_budget_gb: float = 0.0
 
     def build_executor(self):
         import torch
@@ -66,7 +68,8 @@ class WorkerConfig:
         device = resolve_device(self.device)
         registry = ModelRegistry(list(self.model_folders),
                                  include_hf_cache=self.include_hf_cache)
-        return JobExecutor(registry, device, max_loaded=self.max_loaded)
+        return JobExecutor(registry, device, max_loaded=self.max_loaded,
+                           memory_budget_bytes=int(self.memory_budget_gb * 2**30))
 
 
 class Worker:

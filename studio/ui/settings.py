@@ -2,8 +2,8 @@
 
 Kept across restarts: model folders, device (auto/cpu/cuda), memory budget, the window's
 geometry and dock layout, the last project. Model folders and the device are passed to the
-engine's :class:`~studio.engine.worker.WorkerConfig`; the memory budget is stored for the
-engine's memory planner (the current engine does not take a budget yet).
+engine's :class:`~studio.engine.worker.WorkerConfig`, the memory budget included (the engine's
+memory planner fits each job into it, :mod:`studio.engine.memory`).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class AppSettings:
     def worker_config(self) -> WorkerConfig:
         """The engine configuration these settings describe."""
         return WorkerConfig(model_folders=tuple(self.model_folders), device=self.device,
-                            preload=("embedded",))
+                            preload=("embedded",), memory_budget_gb=self.memory_budget_gb)
 
 
 class SettingsDialog(QDialog):

@@ -235,6 +235,73 @@ class FamilyRunner:
                                                          sorted(paths.items())))
         return notes
 
+    # -- memory ---------------------------------------------------------------------------
+    def stage_inputs(self, request: GenerationRequest) -> dict:
+        """Per stage, ``(module, call, args)``: what one call of the stage runs, with tensors
+        of the request's shapes (any values), for :meth:`memory_estimate` to trace.
+        Subclasses provide it; stages are ``text_encode``, ``denoise`` and ``decode``."""
+        raise NotImplementedError
+
+    def memory_estimate(self, request: GenerationRequest):
+        """The job's :class:`~studio.engine.memory.MemoryEstimate`, traced with fake tensors
+        at the request's resolution and frame count (cached per geometry)."""
+        from studio.engine import memory as mem
+
+        key = (request.mode, request.width, request.height, request.num_frames,
+               len(request.references))
+        cache = self.__dict__.setdefault("_memory_estimates", {})
+        if key in cache:
+            return cache[key]
+        stages = self.stage_inputs(request)
+        weights, blocks, layers, acts, notes = {}, {}, {}, {}, []
+        decode_tiled = 0
+        for stage, (modules, call, args) in stages.items():
+            weights[stage] = sum(mem.module_bytes(m) for m in modules)
+            blocks[stage] = max((mem.largest_block_bytes(m) for m in modules), default=0)
+            layers[stage] = max((mem.largest_layer_bytes(m) for m in modules), default=0)
+            try:
+                acts[stage] = mem.trace_peak(call, *args)
+            except RuntimeError as exc:
+                acts[stage] = 4 * sum(a.numel() * a.element_size() for a in args
+                                      if isinstance(a, torch.Tensor))
+                notes.append(f"{stage}: {exc}; activations guessed from the input size")
+            if stage == "decode":
+                vae = modules[0]
+                if hasattr(vae, "enable_tiling"):
+                    was = bool(getattr(vae, "use_tiling", False))
+                    vae.enable_tiling()
+                    try:
+                        decode_tiled = mem.trace_peak(call, *args)
+                    except RuntimeError:
+                        decode_tiled = acts[stage]
+                    finally:
+                        if not was:
+                            vae.disable_tiling()
+                else:
+                    decode_tiled = acts[stage]
+        latents = stages["decode"][2][0]
+        frames = request.num_frames if request.mode not in ("t2i", "i2i") else 1
+        resident = 3 * latents.numel() * latents.element_size() + \
+            2 * frames * request.height * request.width * 3 * 4
+        cache[key] = mem.MemoryEstimate(weights, acts, decode_tiled, blocks, layers, resident,
+                                        tuple(notes))
+        return cache[key]
+
+    def apply_memory_plan(self, plan) -> None:
+        """Applies a :class:`~studio.engine.memory.MemoryPlan` to the loaded pipeline (the
+        derived per-mode pipelines share its modules)."""
+        from studio.engine.memory import apply_plan
+
+        current = getattr(self, "_memory_plan", None)
+        if current is not None and (current.offload, current.vae_tiling) == \
+                (plan.offload, plan.vae_tiling):
+            return
+        if current is not None and current.offload != "none" and plan.offload == "none":
+            raise RuntimeError("memory plan: cannot go back from offloading to all on device "
+                               "without reloading the model")
+        apply_plan(self.base, plan, self.device)
+        self._memory_plan = plan
+
     def generator(self, seed: int) -> torch.Generator:
         """The job's noise generator: always on the CPU, so the initial noise of a seed is the
         same on every device (diffusers' ``randn_tensor`` moves it to the model's device)."""

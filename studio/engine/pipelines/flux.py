@@ -50,6 +50,41 @@ class FluxRunner(FamilyRunner):
         return LatentPreview.fit(decode, (int(vae.config.latent_channels), 4, 4),
                                  self.vae_scale_factor, device=self.device, dtype=vae.dtype)
 
+    def stage_inputs(self, request: GenerationRequest) -> dict:
+        base, dev = self.base, self.device
+        tr, vae = base.transformer, base.vae
+        cfg = tr.config
+        h, w = request.height // self.vae_scale_factor, request.width // self.vae_scale_factor
+        tokens = (h // 2) * (w // 2)
+        max_len = int(self.entry.call_kwargs.get("max_sequence_length", 512))
+        hidden = torch.zeros(1, tokens, cfg.in_channels, device=dev, dtype=tr.dtype)
+        text = torch.zeros(1, max_len, cfg.joint_attention_dim, device=dev, dtype=tr.dtype)
+        pooled = torch.zeros(1, cfg.pooled_projection_dim, device=dev, dtype=tr.dtype)
+        img_ids = torch.zeros(tokens, 3, device=dev)
+        txt_ids = torch.zeros(max_len, 3, device=dev)
+        guidance = torch.zeros(1, device=dev) if cfg.guidance_embeds else None
+
+        def denoise(hs, eh, pp, ii, ti):
+            return tr(hidden_states=hs, timestep=torch.zeros(1, device=hs.device),
+                      encoder_hidden_states=eh, pooled_projections=pp, img_ids=ii,
+                      txt_ids=ti, guidance=guidance, return_dict=False)
+
+        ids = torch.zeros(1, max_len, dtype=torch.long, device=dev)
+        clip_ids = torch.zeros(1, base.tokenizer.model_max_length, dtype=torch.long, device=dev)
+        latents = torch.zeros(1, int(vae.config.latent_channels), h, w, device=dev,
+                              dtype=vae.dtype)
+
+        def text_encode(t5_ids, c_ids):
+            base.text_encoder(c_ids)
+            return base.text_encoder_2(t5_ids)
+
+        return {
+            "text_encode": ([base.text_encoder, base.text_encoder_2], text_encode,
+                            (ids, clip_ids)),
+            "denoise": ([tr], denoise, (hidden, text, pooled, img_ids, txt_ids)),
+            "decode": ([vae], lambda z: vae.decode(z, return_dict=False), (latents,)),
+        }
+
     @torch.no_grad()
     def run(self, request: GenerationRequest, inputs: dict[str, np.ndarray],
             on_step: StepFn) -> RunOutput:

@@ -72,6 +72,46 @@ class WanRunner(FamilyRunner):
         return LatentPreview.fit(decode, (int(vae.config.z_dim), 1, 4, 4), spatial,
                                  device=self.device, dtype=vae.dtype)
 
+    def stage_inputs(self, request: GenerationRequest) -> dict:
+        base, dev = self.base, self.device
+        vae, tr = base.vae, base.transformer
+        sf, tf = int(vae.config.scale_factor_spatial), int(vae.config.scale_factor_temporal)
+        frames = 1 if request.mode in ("t2i", "i2i") else request.num_frames
+        f = (frames - 1) // tf + 1
+        h, w = request.height // sf, request.width // sf
+        max_len = int(self.entry.call_kwargs.get("max_sequence_length", 512))
+        cfg = tr.config
+        extra = 1 if request.mode == "r2v" else 0
+        hidden = torch.zeros(1, cfg.in_channels, f + extra, h, w, device=dev, dtype=tr.dtype)
+        patch = cfg.patch_size
+        seq = (f + extra) * (h // patch[1]) * (w // patch[2])
+        timestep = torch.zeros((1, seq) if base.config.get("expand_timesteps") else (1,),
+                               device=dev)
+        text = torch.zeros(1, max_len, cfg.text_dim, device=dev, dtype=tr.dtype)
+        image_kw = {}
+        encoders = [base.text_encoder]
+        if cfg.image_dim and getattr(base, "image_encoder", None) is not None:
+            enc = base.image_encoder.config
+            tokens = (enc.image_size // enc.patch_size) ** 2 + 1
+            image_kw["encoder_hidden_states_image"] = torch.zeros(
+                1, tokens, cfg.image_dim, device=dev, dtype=tr.dtype)
+            encoders.append(base.image_encoder)
+        denoisers = [m for m in (tr, getattr(base, "transformer_2", None)) if m is not None]
+
+        def denoise(hs, ts, eh, *rest):
+            return tr(hs, ts, eh, return_dict=False,
+                      **({"encoder_hidden_states_image": rest[0]} if rest else {}))
+
+        ids = torch.zeros(1, max_len, dtype=torch.long, device=dev)
+        latents = torch.zeros(1, int(vae.config.z_dim), f, h, w, device=dev, dtype=vae.dtype)
+        return {
+            "text_encode": (encoders, lambda i: base.text_encoder(i, attention_mask=i),
+                            (ids,)),
+            "denoise": (denoisers, denoise, (hidden, timestep, text,
+                                             *image_kw.values())),
+            "decode": ([vae], lambda z: vae.decode(z, return_dict=False), (latents,)),
+        }
+
     @torch.no_grad()
     def encode_image(self, pixels: np.ndarray) -> torch.Tensor:
         """uint8 (H, W, 3) -> normalised latents (1, C, 1, h, w), as Wan's pipelines normalise

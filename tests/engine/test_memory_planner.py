@@ -1,0 +1,178 @@
+"""The memory manager: plan choice for injected budgets, traced estimates against real runs,
+the executor's use of it (clear error, tiling, retry after an out-of-memory error, models kept
+within the budget)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from studio.core.request import GenerationRequest
+from studio.engine import events as ev
+from studio.engine.executor import JobExecutor, runner_class
+from studio.engine.job import Job
+from studio.engine.memory import (
+    LiveBytes,
+    MemoryEstimate,
+    NotEnoughMemory,
+    choose_plan,
+    trace_peak,
+)
+from studio.engine.models.registry import ModelRegistry
+
+GiB = 2**30
+
+
+def estimate() -> MemoryEstimate:
+    g = lambda x: int(x * GiB)  # noqa: E731
+    return MemoryEstimate(
+        weights={"text_encode": g(4), "denoise": g(12), "decode": g(0.2)},
+        activations={"text_encode": g(0.5), "denoise": g(3), "decode": g(8)},
+        decode_tiled=g(1),
+        largest_block={"text_encode": g(0.1), "denoise": g(0.5), "decode": g(0.05)},
+        largest_layer={"text_encode": g(0.05), "denoise": g(0.1), "decode": g(0.01)},
+        resident=g(0.1))
+
+
+# budget (GiB) -> the documented plan: fastest first, tiling before the next offload level
+PLANS = [(30, ("none", False)), (20, ("none", True)), (16, ("model", False)),
+         (10, ("group", False)), (8.15, ("group", True)), (5, ("group", True)),
+         (3.5, ("sequential", True))]
+
+
+@pytest.mark.parametrize("budget,want", PLANS, ids=[f"{b}GiB" for b, _ in PLANS])
+def test_planner_picks_the_fastest_plan_that_fits(budget, want):
+    plan = choose_plan(estimate(), int(budget * GiB), "cuda")
+    assert (plan.offload, plan.vae_tiling) == want
+    assert plan.peak_bytes <= plan.budget_bytes
+
+
+def test_planner_errors_with_the_numbers_and_steps_down_after_a_failure():
+    with pytest.raises(NotEnoughMemory, match=r"needs about 3,277 MiB .* budget is 3,072 MiB"):
+        choose_plan(estimate(), 3 * GiB, "cuda")
+    first = choose_plan(estimate(), 30 * GiB, "cuda")
+    assert (first.offload, first.vae_tiling) == ("none", False)
+    second = choose_plan(estimate(), 30 * GiB, "cuda", after=first)
+    assert (second.offload, second.vae_tiling) == ("none", True)
+    # on the CPU there is nowhere to offload to
+    assert choose_plan(estimate(), 20 * GiB, "cpu").offload == "none"
+    with pytest.raises(NotEnoughMemory):
+        choose_plan(estimate(), 16 * GiB, "cpu")
+    with pytest.raises(ValueError, match="budget_bytes"):
+        choose_plan(estimate(), 0)
+    with pytest.raises(ValueError, match="offload"):
+        estimate().peak("disk", False)
+
+
+def test_fake_trace_equals_the_live_bytes_of_a_real_run():
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+
+    torch.manual_seed(0)
+    tr = WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=32, in_channels=8,
+        out_channels=8, text_dim=32, freq_dim=32, ffn_dim=128, num_layers=2,
+        cross_attn_norm=True, qk_norm="rms_norm_across_heads").eval()
+    vae = AutoencoderKLWan(base_dim=8, z_dim=8, dim_mult=[1, 2], num_res_blocks=1,
+                           temperal_downsample=[True]).eval()
+    x, t, e = torch.randn(1, 8, 3, 24, 20), torch.tensor([500.0]), torch.randn(1, 11, 32)
+    z = torch.randn(1, 8, 3, 12, 10)
+    for fn, args in ((lambda x, t, e: tr(x, t, e, return_dict=False), (x, t, e)),
+                     (lambda z: vae.decode(z, return_dict=False), (z,))):
+        estimated = trace_peak(fn, *args)
+        real = LiveBytes()
+        with torch.no_grad(), real:
+            fn(*args)
+        assert estimated == real.peak > 0
+
+
+def request_for(folder, **fields):
+    return GenerationRequest(model=str(folder), prompt="a red circle on grass", seed=3,
+                             steps=2, guidance_scale=4.0, **fields)
+
+
+@pytest.mark.parametrize("model,fields", [
+    ("wan-t2v", dict(mode="t2v", num_frames=17, width=96, height=64)),
+    ("flux", dict(mode="t2i", width=128, height=96))])
+def test_estimate_matches_the_measured_peak_of_a_real_job(tiny_models, model, fields):
+    """The traced estimate against the activations a real CPU job allocates (live tensor
+    bytes measured during the real run, weights excluded on both sides): within 25 %."""
+    folder = tiny_models[model]
+    entry = ModelRegistry(include_hf_cache=False).resolve(str(folder))
+    runner = runner_class(entry.family)(entry, torch.device("cpu"), torch.float32)
+    request = request_for(folder, **fields)
+    est = runner.memory_estimate(request)
+    runner.run(request, {}, lambda *a: None)  # warm: text embeddings cached
+    runner.embeddings.clear()
+    measured = LiveBytes()
+    with torch.inference_mode(), measured:
+        runner.run(request, {}, lambda *a: None)
+    predicted = est.peak("none", False) - sum(est.weights.values())
+    assert 0.75 * measured.peak <= predicted <= 1.25 * measured.peak, \
+        (predicted, measured.peak)
+
+
+def run_job(executor, request) -> ev.JobEvent:
+    events = []
+    return executor.execute(Job("job1", request), events.append, lambda: False)
+
+
+def test_executor_reports_a_budget_too_small_with_numbers(tiny_models):
+    folder = tiny_models["wan-t2v"]
+    executor = JobExecutor(ModelRegistry(include_hf_cache=False), torch.device("cpu"),
+                           memory_budget_bytes=1 * 2**20)
+    result = run_job(executor, request_for(folder, mode="t2v", num_frames=5, width=32,
+                                           height=32))
+    assert isinstance(result, ev.Failed) and result.kind == ev.OUT_OF_MEMORY
+    assert "MiB" in result.message and "budget is 1 MiB" in result.message
+
+
+def test_executor_tiles_the_decode_when_that_is_what_fits(tiny_models):
+    folder = tiny_models["flux"]
+    executor = JobExecutor(ModelRegistry(include_hf_cache=False), torch.device("cpu"))
+    request = request_for(folder, mode="t2i", width=384, height=384)
+    runner, _ = executor.runner_for(executor.registry.resolve(str(folder)))
+    vae = runner.base.vae  # tiles of 128 px (the tiny VAE's default, 32 px, makes 250 tiles)
+    vae.tile_sample_min_size, vae.tile_latent_min_size = 128, 16
+    est = runner.memory_estimate(request)
+    untiled, tiled = est.peak("none", False), est.peak("none", True)
+    assert tiled < untiled
+    executor.memory_budget_bytes = (tiled + untiled) // 2
+    result = run_job(executor, request)
+    assert isinstance(result, ev.Finished), result
+    assert any("VAE tiling" in n for n in result.notes)
+
+
+def test_executor_retries_once_after_out_of_memory(tiny_models, monkeypatch):
+    folder = tiny_models["wan-t2v"]
+    executor = JobExecutor(ModelRegistry(include_hf_cache=False), torch.device("cpu"))
+    runner, _ = executor.runner_for(executor.registry.resolve(str(folder)))
+    real_run, calls = runner.run, []
+
+    def flaky(*args, **kwargs):
+        calls.append(getattr(runner, "_memory_plan", None))
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("injected")
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run", flaky)
+    result = run_job(executor, request_for(folder, mode="t2i", width=32, height=32))
+    assert isinstance(result, ev.Finished), result
+    assert "retried after running out of memory" in result.notes
+    assert [p.vae_tiling for p in calls] == [False, True]
+
+
+def test_models_stay_loaded_within_the_budget(tiny_models):
+    wan, flux = tiny_models["wan-t2v"], tiny_models["flux"]
+    registry = ModelRegistry(include_hf_cache=False)
+    sizes = [registry.resolve(str(m)).size_bytes for m in (wan, flux)]
+    roomy = JobExecutor(registry, torch.device("cpu"), max_loaded=4)
+    for m in (wan, flux, wan):
+        roomy.runner_for(registry.resolve(str(m)))
+    assert roomy.load_count == 2  # switching back did not reload
+    tight = JobExecutor(registry, torch.device("cpu"), max_loaded=4,
+                        memory_budget_bytes=max(sizes) + min(sizes) // 2)
+    for m in (wan, flux, wan):
+        tight.runner_for(registry.resolve(str(m)))
+    assert tight.load_count == 3 and len(tight.loaded) == 1  # evicted, least recent first
+    assert np.isfinite(sizes).all()
