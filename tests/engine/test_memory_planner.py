@@ -176,3 +176,31 @@ def test_models_stay_loaded_within_the_budget(tiny_models):
         tight.runner_for(registry.resolve(str(m)))
     assert tight.load_count == 3 and len(tight.loaded) == 1  # evicted, least recent first
     assert np.isfinite(sizes).all()
+
+
+@pytest.mark.parametrize("model,fields", [("wan-t2v", dict(mode="t2v", num_frames=5)),
+                                          ("flux", dict(mode="t2i"))])
+def test_failed_decode_is_retried_tiled_without_denoising_again(tiny_models, model, fields,
+                                                                 monkeypatch):
+    folder = tiny_models[model]
+    entry = ModelRegistry(include_hf_cache=False).resolve(str(folder))
+    runner = runner_class(entry.family)(entry, torch.device("cpu"), torch.float32)
+    request = request_for(folder, width=32, height=32, **fields)
+    want = runner.run(request, {}, lambda *a: None).frames
+    vae, real_decode = runner.base.vae, runner.base.vae.decode
+    calls = {"denoiser": 0, "decode": 0}
+    runner.base.transformer.register_forward_pre_hook(
+        lambda *_: calls.__setitem__("denoiser", calls["denoiser"] + 1))
+
+    def decode(*args, **kwargs):
+        calls["decode"] += 1
+        if not vae.use_tiling:
+            raise torch.OutOfMemoryError("injected")
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(vae, "decode", decode)
+    out = runner.run(request, {}, lambda *a: None)
+    assert calls["decode"] == 2 and calls["denoiser"] == 2 * (2 if model != "flux" else 1)
+    assert any("decoded again tiled" in n for n in out.notes)
+    # tiling changes nothing at this size (one tile): the same pixels
+    np.testing.assert_allclose(out.frames, want, atol=1e-5)

@@ -302,6 +302,22 @@ class FamilyRunner:
         apply_plan(self.base, plan, self.device)
         self._memory_plan = plan
 
+    def decode_with_retry(self, decode: Callable[[], np.ndarray], notes: list[str]) -> np.ndarray:
+        """Runs ``decode()`` (latents -> float frames, the latents kept by the caller); when
+        the device runs out of memory, switches VAE tiling on and decodes the same latents
+        again, without denoising again."""
+        try:
+            return decode()
+        except torch.OutOfMemoryError:
+            vae = self.base.vae
+            if not hasattr(vae, "enable_tiling") or getattr(vae, "use_tiling", False):
+                raise
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            vae.enable_tiling()
+            notes.append("VAE decode ran out of memory: decoded again tiled (same latents)")
+            return decode()
+
     def generator(self, seed: int) -> torch.Generator:
         """The job's noise generator: always on the CPU, so the initial noise of a seed is the
         same on every device (diffusers' ``randn_tensor`` moves it to the model's device)."""

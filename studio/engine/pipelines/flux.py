@@ -50,6 +50,17 @@ class FluxRunner(FamilyRunner):
         return LatentPreview.fit(decode, (int(vae.config.latent_channels), 4, 4),
                                  self.vae_scale_factor, device=self.device, dtype=vae.dtype)
 
+    @torch.no_grad()
+    def decode(self, pipe, latents: torch.Tensor, height: int, width: int) -> np.ndarray:
+        """Packed latents -> float32 images (B, H, W, 3) in [0, 1], as FluxPipeline's own
+        tail does it (same ops, same order: the same pixels)."""
+        vae = self.base.vae
+        latents = pipe._unpack_latents(latents, height, width, self.vae_scale_factor)
+        latents = (latents / vae.config.scaling_factor) + vae.config.shift_factor
+        image = vae.decode(latents, return_dict=False)[0]
+        return np.asarray(pipe.image_processor.postprocess(image, output_type="np"),
+                          dtype=np.float32)
+
     def stage_inputs(self, request: GenerationRequest) -> dict:
         base, dev = self.base, self.device
         tr, vae = base.transformer, base.vae
@@ -115,7 +126,9 @@ class FluxRunner(FamilyRunner):
             image = fit_image(inputs[request.init_image.content_id], w, h)
             kwargs.update(image=to_pil(image), strength=request.strength)
         notes = self.apply_profile(request) + notes
-        images = pipe(**kwargs).images
+        kwargs["output_type"] = "latent"  # kept: a failed decode is retried tiled
+        latents = pipe(**kwargs).images
+        images = self.decode_with_retry(lambda: self.decode(pipe, latents, h, w), notes)
         if request.negative_prompt:
             notes.append("FLUX.1 ignores the negative prompt")
         return RunOutput(np.asarray(images, dtype=np.float32), {**timings, **clock.finish()},

@@ -178,7 +178,9 @@ class WanRunner(FamilyRunner):
                             request.height)
             hooks = append_reference_frame(pipe.transformer, self.encode_image(ref))
         try:
-            frames = np.asarray(pipe(**kwargs).frames[0], dtype=np.float32)
+            kwargs["output_type"] = "latent"  # kept: a failed decode is retried tiled
+            latents = pipe(**kwargs).frames
+            frames = self.decode_with_retry(lambda: self.decode(pipe, latents), notes)
         finally:
             for h in hooks:
                 h.remove()
@@ -188,6 +190,22 @@ class WanRunner(FamilyRunner):
                              request.height).astype(np.float32) / 255.0
             frames = np.where(keep, init[None], frames)
         return RunOutput(frames, {**timings, **clock.finish()}, notes + self.profile_notes())
+
+
+    @torch.no_grad()
+    def decode(self, pipe, latents: torch.Tensor) -> np.ndarray:
+        """Normalised latents (1, C, f, h, w) -> float32 frames (F, H, W, 3) in [0, 1], as
+        the Wan pipelines' own tail does it (same ops, same order: the same pixels)."""
+        vae = self.base.vae
+        latents = latents.to(vae.dtype)
+        z = vae.config.z_dim
+        mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1).to(latents.device,
+                                                                          latents.dtype)
+        inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1).to(
+            latents.device, latents.dtype)
+        video = vae.decode(latents / inv_std + mean, return_dict=False)[0]
+        video = pipe.video_processor.postprocess_video(video, output_type="np")
+        return np.asarray(video[0], dtype=np.float32)
 
 
 class LatentBlend:
