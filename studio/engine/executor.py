@@ -43,6 +43,10 @@ def runner_class(family: str) -> type[FamilyRunner]:
         from studio.engine.pipelines.flux import FluxRunner
 
         return FluxRunner
+    if family in ("sd", "sdxl", "sd3"):
+        from studio.engine.pipelines.sd import StableDiffusionRunner
+
+        return StableDiffusionRunner
     raise ModelError(f"no runner for model family {family!r}")
 
 

@@ -163,3 +163,96 @@ def build_tiny_flux(folder: str | os.PathLike[str], *, seed: int = 0) -> Path:
     out = Path(folder)
     pipe.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def _tiny_kl_vae(latent_channels: int = 4, **extra):
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(in_channels=3, out_channels=3, latent_channels=latent_channels,
+                         sample_size=32, block_out_channels=(8, 8, 8, 8),
+                         down_block_types=("DownEncoderBlock2D",) * 4,
+                         up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=1,
+                         norm_num_groups=4, **extra).eval()
+
+
+def _clip_text(tokenizer, hidden: int = 32, projection: bool = False):
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    cfg = CLIPTextConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=37,
+                         num_hidden_layers=2, num_attention_heads=4, projection_dim=hidden,
+                         max_position_embeddings=77, eos_token_id=1, pad_token_id=0,
+                         bos_token_id=1)
+    cls = CLIPTextModelWithProjection if projection else CLIPTextModel
+    return cls(cfg).eval()
+
+
+def build_tiny_sd(folder: str | os.PathLike[str], *, variant: str = "sd15",
+                  seed: int = 0) -> Path:
+    """Builds and saves a tiny Stable Diffusion pipeline with random weights.
+
+    Args:
+        variant: ``"sd15"`` (``StableDiffusionPipeline``: CLIP text encoder, 4-channel UNet),
+            ``"sdxl"`` (``StableDiffusionXLPipeline``: two CLIP encoders, the text-time
+            added conditioning), ``"sd15-inpaint"`` (a 9-channel inpainting UNet) or
+            ``"sd3"`` (``StableDiffusion3Pipeline``: CLIP-L, CLIP-G and T5, an MMDiT
+            ``SD3Transformer2DModel``, 16-channel VAE, flow matching).
+    Returns:
+        The folder, as a Path.
+    """
+    import diffusers
+
+    if variant not in ("sd15", "sd15-inpaint", "sdxl", "sd3"):
+        raise ValueError(f"variant: {variant!r} is not one of sd15, sd15-inpaint, sdxl, sd3")
+    torch.manual_seed(seed)
+    tokenizer = make_word_tokenizer(77)
+    if variant == "sd3":
+        tokenizer_3 = make_word_tokenizer(32)
+        from transformers import T5Config, T5EncoderModel
+
+        t5 = T5EncoderModel(T5Config(vocab_size=len(tokenizer_3), d_model=32, d_kv=8,
+                                     d_ff=37, num_layers=2, num_heads=4,
+                                     relative_attention_num_buckets=8,
+                                     dropout_rate=0.0)).eval()
+        transformer = diffusers.SD3Transformer2DModel(
+            sample_size=32, patch_size=2, in_channels=16, num_layers=2,
+            attention_head_dim=16, num_attention_heads=2, caption_projection_dim=32,
+            joint_attention_dim=32, pooled_projection_dim=64, out_channels=16,
+            pos_embed_max_size=32).eval()
+        pipe = diffusers.StableDiffusion3Pipeline(
+            transformer=transformer,
+            scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0),
+            vae=_tiny_kl_vae(16, shift_factor=0.0609, scaling_factor=1.5035,
+                             use_quant_conv=False, use_post_quant_conv=False),
+            text_encoder=_clip_text(tokenizer, projection=True), tokenizer=tokenizer,
+            text_encoder_2=_clip_text(tokenizer, projection=True), tokenizer_2=tokenizer,
+            text_encoder_3=t5, tokenizer_3=tokenizer_3)
+    else:
+        xl = variant == "sdxl"
+        unet_extra = dict(addition_embed_type="text_time", addition_time_embed_dim=8,
+                          projection_class_embeddings_input_dim=32 + 6 * 8,
+                          cross_attention_dim=64, use_linear_projection=True,
+                          transformer_layers_per_block=(1, 2)) if xl else dict(
+                              cross_attention_dim=32)
+        unet = diffusers.UNet2DConditionModel(
+            block_out_channels=(16, 32), layers_per_block=1, sample_size=32,
+            in_channels=9 if variant == "sd15-inpaint" else 4, out_channels=4,
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), attention_head_dim=(2, 4),
+            norm_num_groups=8, **unet_extra).eval()
+        scheduler = diffusers.EulerDiscreteScheduler(
+            beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+            timestep_spacing="leading", steps_offset=1)
+        parts = dict(unet=unet, scheduler=scheduler, vae=_tiny_kl_vae(4, scaling_factor=0.18215),
+                     text_encoder=_clip_text(tokenizer), tokenizer=tokenizer)
+        if xl:
+            pipe = diffusers.StableDiffusionXLPipeline(
+                **parts, text_encoder_2=_clip_text(tokenizer, projection=True),
+                tokenizer_2=tokenizer)
+        else:
+            cls = (diffusers.StableDiffusionInpaintPipeline if variant == "sd15-inpaint"
+                   else diffusers.StableDiffusionPipeline)
+            pipe = cls(**parts, safety_checker=None, feature_extractor=None,
+                       requires_safety_checker=False)
+    out = Path(folder)
+    pipe.save_pretrained(out, safe_serialization=True)
+    return out

@@ -14,8 +14,17 @@ PIPELINE_FAMILIES = {
     "WanVideoToVideoPipeline": "wan",
     "FluxPipeline": "flux",
     "FluxImg2ImgPipeline": "flux",
+    "StableDiffusionPipeline": "sd",
+    "StableDiffusionImg2ImgPipeline": "sd",
+    "StableDiffusionInpaintPipeline": "sd",
+    "StableDiffusionXLPipeline": "sdxl",
+    "StableDiffusionXLImg2ImgPipeline": "sdxl",
+    "StableDiffusionXLInpaintPipeline": "sdxl",
+    "StableDiffusion3Pipeline": "sd3",
+    "StableDiffusion3Img2ImgPipeline": "sd3",
+    "StableDiffusion3InpaintPipeline": "sd3",
 }
-SUPPORTED_FAMILIES = ("wan", "flux")
+SUPPORTED_FAMILIES = ("wan", "flux", "sd", "sdxl", "sd3")
 
 
 def family_of(pipeline_class: str) -> str:
@@ -73,6 +82,32 @@ def _flux_caps(folder: Path, index: dict, name: str, extra: dict) -> ModelCapabi
         guidance_range=(0.0, 30.0))
 
 
+def _sd_caps(folder: Path, index: dict, name: str, family: str) -> ModelCapabilities:
+    vae = read_json(folder / "vae" / "config.json", name)
+    spatial = 2 ** (len(vae.get("block_out_channels", [0, 0, 0, 0])) - 1)
+    if family == "sd3":
+        den = read_json(folder / "transformer" / "config.json", name)
+        big = int(den.get("num_layers", 1)) >= 12
+        multiple = spatial * int(den.get("patch_size", 2))
+        inpaint_only = False
+        native, steps, guidance = 1024, 28, 7.0
+    else:
+        den = read_json(folder / "unet" / "config.json", name)
+        big = max(den.get("block_out_channels", [0])) >= 320
+        multiple = spatial
+        inpaint_only = int(den.get("in_channels", 4)) == 9
+        native = 1024 if family == "sdxl" else 512
+        steps, guidance = (30, 5.0) if family == "sdxl" else (30, 7.5)
+    modes = {"i2i"} if inpaint_only else {"t2i", "i2i"}
+    return ModelCapabilities(
+        name=name, family=family, modes=frozenset(modes), spatial_multiple=multiple,
+        min_size=multiple, max_size=2 * native if big else 512,
+        max_pixels=(2 * native) ** 2 if big else 512 * 512,
+        default_width=native if big else 64, default_height=native if big else 64,
+        default_steps=steps if big else 8, default_guidance=guidance,
+        guidance_range=(1.0, 20.0), supports_mask=True)
+
+
 def capabilities_for(family: str, folder: Path, index: dict, *, name: str,
                      extra: dict | None = None) -> ModelCapabilities:
     """Reads a folder's configs (and its optional ``studio.json``, ``extra``) into
@@ -85,6 +120,8 @@ def capabilities_for(family: str, folder: Path, index: dict, *, name: str,
         return _wan_caps(folder, index, name, extra or {})
     if family == "flux":
         return _flux_caps(folder, index, name, extra or {})
+    if family in ("sd", "sdxl", "sd3"):
+        return _sd_caps(folder, index, name, family)
     cls = index.get("_class_name", "?")
     raise ModelError(f"pipeline {cls} is not supported yet (supported families: "
                      f"{', '.join(SUPPORTED_FAMILIES)})")
