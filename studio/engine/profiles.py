@@ -132,8 +132,17 @@ def apply_levers(denoisers: list[torch.nn.Module], levers: ProfileLevers) -> lis
         routed = getattr(module, "_studio_attention", None)
         if routed:
             routed[1].clear()  # counts per job
+        from studio.engine.caching.unet_cache import apply_unet_cache, is_unet, remove_unet_cache
+
         if levers.step_cache is None:
             remove_step_cache(module)
+            remove_unet_cache(module)
+            module._studio_step_cache_config = None
+        elif is_unet(module):
+            if getattr(module, "_studio_step_cache_config", None) != levers.step_cache:
+                apply_unet_cache(module, levers.step_cache)
+                module._studio_step_cache_config = levers.step_cache
+            reset_step_cache(module)
         elif not _cacheable(module):
             notes.append(f"step cache: {type(module).__name__} has no transformer blocks to "
                          f"cache; ran without it")

@@ -394,7 +394,8 @@ def apply_step_cache(transformer: torch.nn.Module, config: StepCacheConfig) -> S
 
 def remove_step_cache(transformer: torch.nn.Module) -> None:
     """Removes the cache's hooks (no-op when none are installed)."""
-    if getattr(transformer, "_studio_step_cache", None) is None:
+    if getattr(transformer, "_studio_step_cache", None) is None or \
+            getattr(transformer, "_studio_unet_cache", False):  # the UNet cache's own
         return
     registry = HookRegistry.check_if_exists_or_initialize(transformer)
     registry.remove_hook(_ROOT_HOOK, recurse=False)
@@ -413,7 +414,8 @@ def reset_step_cache(transformer: torch.nn.Module) -> StepCacheStats | None:
     stats = getattr(transformer, "_studio_step_cache", None)
     if stats is None:
         return None
-    root = HookRegistry.check_if_exists_or_initialize(transformer).get_hook(_ROOT_HOOK)
+    registry = HookRegistry.check_if_exists_or_initialize(transformer)
+    root = registry.get_hook(_ROOT_HOOK) or registry.get_hook("studio_unet_cache_root")
     root.state_manager.reset()
     stats.full_calls = stats.skipped_calls = 0
     stats.decisions.clear()
