@@ -3,7 +3,7 @@
 import importlib
 import sys
 
-BENCHMARKS = {"cpu": "bench.cpu", "preview": "bench.preview", "gpu-kernels": "bench.gpu.kernels",
+BENCHMARKS = {"cpu": "bench.cpu", "precision": "bench.precision", "preview": "bench.preview", "gpu-kernels": "bench.gpu.kernels",
               "ui-stalls": "bench.ui_stalls"}
 
 

@@ -177,9 +177,11 @@ class JobExecutor:
             deterministic=self.device.type == "cpu")
 
     # -- models -----------------------------------------------------------------------------
-    def runner_for(self, entry: ModelEntry) -> tuple[FamilyRunner, float]:
-        """The loaded runner for ``entry`` (loading it if needed) and the load time in s."""
-        key = str(entry.path)
+    def runner_for(self, entry: ModelEntry,
+                   precision: str = "as-loaded") -> tuple[FamilyRunner, float]:
+        """The loaded runner for ``entry`` at ``precision`` (loading it and transforming its
+        denoiser weights if needed, see studio.engine.precision) and the load time in s."""
+        key = str(entry.path) if precision == "as-loaded" else f"{entry.path}|{precision}"
         if key in self.loaded:
             self.loaded.move_to_end(key)
             return self.loaded[key], 0.0
@@ -193,6 +195,13 @@ class JobExecutor:
                 torch.cuda.empty_cache()
         t0 = time.perf_counter()
         runner = runner_class(entry.family)(entry, self.device, self.dtype)
+        runner.precision_notes = []
+        if precision != "as-loaded":
+            from studio.engine.precision import apply_precision
+
+            for module in runner.denoisers():
+                note = apply_precision(module, precision, self.device)
+            runner.precision_notes = [note]
         self.load_count += 1
         self.loaded[key] = runner
         return runner, time.perf_counter() - t0
@@ -239,7 +248,10 @@ class JobExecutor:
             if is_cancelled():
                 raise JobCancelled(0)
             request, entry = self.prepare(job)
-            runner, load_s = self.runner_for(entry)
+            from studio.engine.profiles import levers_for
+
+            levers = levers_for(request.optimization.profile, self.device, entry.tuning)
+            runner, load_s = self.runner_for(entry, levers.precision)
             t_denoise = [0.0]
 
             def on_step(step: int, total: int, latents: torch.Tensor) -> None:
@@ -274,6 +286,7 @@ class JobExecutor:
                 out.notes.append("retried after running out of memory")
             if plan.offload != "none" or plan.vae_tiling:
                 out.notes.append(plan.describe())
+            out.notes.extend(getattr(runner, "precision_notes", []))
             frames = (np.clip(out.frames, 0.0, 1.0) * 255).round().astype(np.uint8)
             peak = max(peak, _rss_bytes())
             if self.device.type == "cuda":

@@ -132,13 +132,22 @@ def module_bytes(module: torch.nn.Module | None) -> int:
     """Bytes of a module's parameters and buffers (0 for None)."""
     if module is None:
         return 0
-    seen, total = set(), 0
-    for t in list(module.parameters()) + list(module.buffers()):
-        key = t.untyped_storage()._cdata
-        if key not in seen:
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
-    return total
+    seen: set[int] = set()
+    return sum(_tensor_bytes(t, seen) for t in list(module.parameters()) + list(module.buffers()))
+
+
+def _tensor_bytes(t: torch.Tensor, seen: set[int]) -> int:
+    """Storage bytes of a tensor, counting shared storages once; a tensor subclass (e.g. a
+    torchao quantized weight) is the sum of the inner tensors it is made of."""
+    data = t.data if isinstance(t, torch.nn.Parameter) else t
+    if type(data) is not torch.Tensor and hasattr(data, "__tensor_flatten__"):
+        names, _ = data.__tensor_flatten__()
+        return sum(_tensor_bytes(getattr(data, n), seen) for n in names)
+    key = data.untyped_storage()._cdata
+    if key in seen:
+        return 0
+    seen.add(key)
+    return data.untyped_storage().nbytes()
 
 
 def largest_block_bytes(module: torch.nn.Module | None) -> int:

@@ -53,7 +53,9 @@ class ProfileLevers:
     Attributes:
         profile: the profile's name.
         step_cache: forecast step cache settings, or None (off).
-        precision: weight/compute precision lever: ``"as-loaded"`` (the model's dtype).
+        precision: the denoiser's weight precision (:mod:`studio.engine.precision`):
+            ``"as-loaded"`` (the model's dtype) or a low-precision transform; a runner is
+            loaded per precision.
         attention: ``"sdpa"`` (PyTorch's, via diffusers) or one of our kernels routed in by
             :mod:`studio.engine.attention`: ``"flash"``, ``"sage"``, ``"sparse"``.
         compile: whether the denoiser is compiled with torch.compile.
@@ -101,7 +103,15 @@ def levers_for(profile: str, device: torch.device | str = "cpu",
     # On the CPU the Triton kernels cannot run (the interpreter is for tests): SDPA stays.
     kind = torch.device(device).type
     attention = GPU_ATTENTION[profile] if kind == "cuda" else "sdpa"
-    return ProfileLevers(profile, step_cache=cache, attention=attention)
+    precision = "as-loaded"
+    if kind == "cuda" and profile == "fast":
+        from studio.engine.precision import precision_supported
+
+        dev = torch.device(device)
+        known = torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count()
+        precision = ("fp8-dynamic" if not known or precision_supported("fp8-dynamic", dev)
+                     is None else "int8-dynamic")
+    return ProfileLevers(profile, step_cache=cache, attention=attention, precision=precision)
 
 
 def _cacheable(module: torch.nn.Module) -> bool:
@@ -193,7 +203,10 @@ def profile_table() -> str:
             c = lv.step_cache
             cache = (f"threshold {c.threshold:g}, order {c.order}, warm-up {c.warmup_steps}, "
                      f"≤{c.max_consecutive_skips} skips" if c else "off")
-            rows.append(f"| {profile} | {device} | {cache} | {lv.precision} | {lv.attention} | "
+            precision = lv.precision
+            if precision == "fp8-dynamic":
+                precision = "fp8-dynamic (int8-dynamic below compute capability 8.9)"
+            rows.append(f"| {profile} | {device} | {cache} | {precision} | {lv.attention} | "
                         f"{'on' if lv.compile else 'off'} |")
     return "\n".join(rows)
 

@@ -1,0 +1,95 @@
+"""Low-precision weights for the denoiser, chosen by the optimization profile.
+
+=================  ======================================================================
+``as-loaded``      the dtype the model was loaded in (float32 on the CPU, bf16 on GPUs)
+``bf16``/``fp16``  the denoiser cast to bfloat16 / float16 (compute in that dtype)
+``fp8-storage``    weights stored in float8 e4m3, upcast per layer to the compute dtype
+                   (diffusers ``enable_layerwise_casting``): memory only, no fp8 math
+``int8-weight``    torchao int8 weight-only quantization of the blocks' linear layers
+``int8-dynamic``   torchao int8 weights and per-token dynamic int8 activations
+``fp8-dynamic``    torchao float8 weights and dynamic float8 activations (CUDA compute
+                   capability >= 8.9 only)
+=================  ======================================================================
+
+The transforms replace weights in place, so a runner keeps one precision for its lifetime:
+the executor loads one runner per (model, precision) and its LRU evicts what is not used.
+
+Sources: torchao (PyTorch's quantization library: ``Int8WeightOnlyConfig``,
+``Int8DynamicActivationInt8WeightConfig``, ``Float8DynamicActivationFloat8WeightConfig``);
+diffusers' layerwise casting; SmoothQuant-style per-token activation scales come from
+torchao's dynamic int8 recipe.
+"""
+
+from __future__ import annotations
+
+import torch
+
+PRECISIONS = ("as-loaded", "bf16", "fp16", "fp8-storage", "int8-weight", "int8-dynamic",
+              "fp8-dynamic")
+
+
+def precision_supported(precision: str, device: torch.device) -> str | None:
+    """Why ``precision`` cannot run on ``device`` (None when it can).
+
+    Raises:
+        ValueError: an unknown precision (names the allowed ones).
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision in ("int8-weight", "int8-dynamic", "fp8-dynamic"):
+        try:
+            import torchao  # noqa: F401
+        except ImportError:
+            return "torchao is not installed"
+    if precision == "fp8-dynamic":
+        if device.type != "cuda":
+            return "fp8 matrix multiplies need a CUDA GPU"
+        if torch.cuda.get_device_capability(device) < (8, 9):
+            cap = torch.cuda.get_device_capability(device)
+            return f"fp8 matrix multiplies need compute capability >= 8.9 (this GPU: " \
+                   f"{cap[0]}.{cap[1]})"
+    return None
+
+
+def _block_linears_filter(module: torch.nn.Module, fqn: str) -> bool:
+    """torchao filter: the linear layers inside the transformer/UNet blocks (embeddings,
+    norms and the output projection stay in the compute dtype, as the recipes advise)."""
+    return isinstance(module, torch.nn.Linear) and any(
+        part in fqn for part in ("blocks.", "transformer_blocks.", "single_transformer_blocks.",
+                                 "down_blocks.", "up_blocks.", "mid_block."))
+
+
+def apply_precision(denoiser: torch.nn.Module, precision: str, device: torch.device) -> str:
+    """Transforms ``denoiser``'s weights in place to ``precision``.
+
+    Returns:
+        A note for the user ("" for as-loaded).
+
+    Raises:
+        ValueError: an unknown precision, or one this device cannot run (with the reason).
+    """
+    reason = precision_supported(precision, device)
+    if reason is not None:
+        raise ValueError(f"precision {precision}: {reason}")
+    if precision == "as-loaded":
+        return ""
+    if precision in ("bf16", "fp16"):
+        denoiser.to(torch.bfloat16 if precision == "bf16" else torch.float16)
+        return f"denoiser in {precision}"
+    if precision == "fp8-storage":
+        compute = next(denoiser.parameters()).dtype
+        denoiser.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn,
+                                          compute_dtype=compute)
+        return f"denoiser weights stored in fp8 e4m3, computed in {str(compute)[6:]}"
+    from torchao.quantization import (
+        Float8DynamicActivationFloat8WeightConfig,
+        Int8DynamicActivationInt8WeightConfig,
+        Int8WeightOnlyConfig,
+        quantize_,
+    )
+
+    config = {"int8-weight": Int8WeightOnlyConfig,
+              "int8-dynamic": Int8DynamicActivationInt8WeightConfig,
+              "fp8-dynamic": Float8DynamicActivationFloat8WeightConfig}[precision]()
+    quantize_(denoiser, config, filter_fn=_block_linears_filter)
+    return f"denoiser linear layers quantized: {precision} (torchao)"
