@@ -29,7 +29,8 @@ def _private_user_dir(tmp_path_factory, monkeypatch):
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     """Tiny random-weight pipelines saved in diffusers format: Wan 2.1 T2V, Wan 2.2
-    TI2V-style, Wan 2.1 I2V (with a CLIP image encoder) and FLUX.1."""
+    TI2V-style, Wan 2.1 I2V (with a CLIP image encoder), Wan 2.2 A14B (two experts) and
+    FLUX.1."""
     from studio.testing.tiny_pipelines import build_tiny_flux, build_tiny_wan
 
     root = tmp_path_factory.mktemp("tiny-models")
@@ -37,5 +38,6 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
         "wan-t2v": build_tiny_wan(root / "wan-t2v", variant="t2v"),
         "wan-ti2v": build_tiny_wan(root / "wan-ti2v", variant="ti2v"),
         "wan-i2v": build_tiny_wan(root / "wan-i2v", variant="i2v"),
+        "wan-a14b": build_tiny_wan(root / "wan-a14b", variant="a14b"),
         "flux": build_tiny_flux(root / "flux"),
     }

@@ -73,7 +73,9 @@ def build_tiny_wan(folder: str | os.PathLike[str], *, variant: str = "ti2v", see
         variant: ``"t2v"`` (Wan 2.1 text-to-video, ``WanPipeline``), ``"i2v"`` (Wan 2.1
             image-to-video with a CLIP image encoder, ``WanImageToVideoPipeline``) or
             ``"ti2v"`` (Wan 2.2 TI2V-style: one transformer for text and image to video, the
-            first frame given as clean latents with a zero timestep: ``expand_timesteps``).
+            first frame given as clean latents with a zero timestep: ``expand_timesteps``) or
+            ``"a14b"`` (Wan 2.2 A14B text-to-video: two experts, ``transformer`` above the
+            boundary timestep and ``transformer_2`` below it).
         seed: torch seed for the random weights.
     Returns:
         The folder, as a Path.
@@ -85,8 +87,8 @@ def build_tiny_wan(folder: str | os.PathLike[str], *, variant: str = "ti2v", see
         WanTransformer3DModel,
     )
 
-    if variant not in ("t2v", "i2v", "ti2v"):
-        raise ValueError(f"variant: {variant!r} is not one of t2v, i2v, ti2v")
+    if variant not in ("t2v", "i2v", "ti2v", "a14b"):
+        raise ValueError(f"variant: {variant!r} is not one of t2v, i2v, ti2v, a14b")
     torch.manual_seed(seed)
     tokenizer = make_word_tokenizer(text_len)
     text_encoder = _umt5(len(tokenizer))
@@ -109,7 +111,11 @@ def build_tiny_wan(folder: str | os.PathLike[str], *, variant: str = "ti2v", see
     scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
     parts = dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
                  transformer=transformer)
-    if variant == "t2v":
+    if variant == "a14b":  # Wan 2.2 A14B: a high-noise and a low-noise expert
+        torch.manual_seed(seed + 1)
+        expert = WanTransformer3DModel(**transformer.config).eval()
+        pipe = WanPipeline(**parts, transformer_2=expert, boundary_ratio=0.875)
+    elif variant == "t2v":
         pipe = WanPipeline(**parts)
     else:
         pipe = WanImageToVideoPipeline(**parts, **extra,

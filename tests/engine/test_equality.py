@@ -43,6 +43,7 @@ CASES = [
      dict(num_frames=5, image=Image.fromarray(IMAGE))),
     ("wan-i2v", "WanImageToVideoPipeline", dict(mode="i2v", num_frames=5, first_frame=REF),
      dict(num_frames=5, image=Image.fromarray(IMAGE))),
+    ("wan-a14b", "WanPipeline", dict(mode="t2v", num_frames=5), dict(num_frames=5)),
     ("flux", "FluxPipeline", dict(mode="t2i"), dict()),
     ("flux", "FluxImg2ImgPipeline", dict(mode="i2i", init_image=REF, strength=0.7),
      dict(image=Image.fromarray(IMAGE), strength=0.7)),
@@ -86,3 +87,23 @@ def test_finished_frames_are_stock_rounding(tiny_models):
                    num_inference_steps=2, guidance_scale=3.0, height=32, width=32, num_frames=5)
     assert result.frames.dtype == np.uint8 and result.frames.shape == (5, 32, 32, 3)
     assert np.array_equal(result.frames, (theirs * 255).round().astype(np.uint8))
+
+
+def test_two_expert_wan_uses_both_experts_and_caches_each(tiny_models):
+    from studio.core.request import OptimizationSettings
+
+    folder = tiny_models["wan-a14b"]
+    entry = ModelRegistry(include_hf_cache=False).resolve(str(folder))
+    runner = runner_class(entry.family)(entry, torch.device("cpu"), torch.float32)
+    assert len(runner.denoisers()) == 2
+    calls = {"high": 0, "low": 0}
+    runner.base.transformer.register_forward_pre_hook(
+        lambda *_: calls.__setitem__("high", calls["high"] + 1))
+    runner.base.transformer_2.register_forward_pre_hook(
+        lambda *_: calls.__setitem__("low", calls["low"] + 1))
+    request = GenerationRequest(model=str(folder), prompt="a red circle", seed=1, steps=8,
+                                guidance_scale=4.0, width=32, height=32, mode="t2v",
+                                num_frames=5, optimization=OptimizationSettings("fast"))
+    out = runner.run(request, {}, lambda *a: None)
+    assert calls["high"] > 0 and calls["low"] > 0 and calls["high"] + calls["low"] == 16
+    assert any("denoiser calls computed in full" in n for n in out.notes)
