@@ -47,6 +47,10 @@ def runner_class(family: str) -> type[FamilyRunner]:
         from studio.engine.pipelines.sd import StableDiffusionRunner
 
         return StableDiffusionRunner
+    if family == "ltx":
+        from studio.engine.pipelines.ltx import LTXRunner
+
+        return LTXRunner
     raise ModelError(f"no runner for model family {family!r}")
 
 

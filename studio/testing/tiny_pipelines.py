@@ -262,3 +262,35 @@ def build_tiny_sd(folder: str | os.PathLike[str], *, variant: str = "sd15",
     out = Path(folder)
     pipe.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def build_tiny_ltx(folder: str | os.PathLike[str], *, seed: int = 0) -> Path:
+    """Builds and saves a tiny LTX-Video pipeline (``LTXPipeline``) with random weights:
+    a T5 text encoder, an ``AutoencoderKLLTXVideo`` with LTX's own 32x spatial and 8x
+    temporal compression (4 scaling stages of a few channels) and an
+    ``LTXVideoTransformer3DModel`` of two layers."""
+    from diffusers import (
+        AutoencoderKLLTXVideo,
+        FlowMatchEulerDiscreteScheduler,
+        LTXPipeline,
+        LTXVideoTransformer3DModel,
+    )
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(seed)
+    tokenizer = make_word_tokenizer(32)
+    text_encoder = T5EncoderModel(T5Config(
+        vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, dropout_rate=0.0)).eval()
+    vae = AutoencoderKLLTXVideo(
+        latent_channels=8, block_out_channels=(8, 8, 8, 8),
+        decoder_block_out_channels=(8, 8, 8, 8), layers_per_block=(1, 1, 1, 1, 1),
+        decoder_layers_per_block=(1, 1, 1, 1, 1)).eval()
+    transformer = LTXVideoTransformer3DModel(
+        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=16,
+        cross_attention_dim=32, num_layers=2, caption_channels=32).eval()
+    pipe = LTXPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae,
+                       text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
+    out = Path(folder)
+    pipe.save_pretrained(out, safe_serialization=True)
+    return out

@@ -23,8 +23,10 @@ PIPELINE_FAMILIES = {
     "StableDiffusion3Pipeline": "sd3",
     "StableDiffusion3Img2ImgPipeline": "sd3",
     "StableDiffusion3InpaintPipeline": "sd3",
+    "LTXPipeline": "ltx",
+    "LTXImageToVideoPipeline": "ltx",
 }
-SUPPORTED_FAMILIES = ("wan", "flux", "sd", "sdxl", "sd3")
+SUPPORTED_FAMILIES = ("wan", "flux", "sd", "sdxl", "sd3", "ltx")
 
 
 def family_of(pipeline_class: str) -> str:
@@ -108,6 +110,25 @@ def _sd_caps(folder: Path, index: dict, name: str, family: str) -> ModelCapabili
         guidance_range=(1.0, 20.0), supports_mask=True)
 
 
+def _ltx_caps(folder: Path, index: dict, name: str) -> ModelCapabilities:
+    vae = read_json(folder / "vae" / "config.json", name)
+    tr = read_json(folder / "transformer" / "config.json", name)
+    scaling = vae.get("spatio_temporal_scaling", [True, True, True, False])
+    patch = int(vae.get("patch_size", 4))
+    spatial = patch * 2 ** sum(bool(x) for x in scaling)
+    temporal = int(vae.get("patch_size_t", 1)) * 2 ** sum(bool(x) for x in scaling)
+    multiple = spatial * int(tr.get("patch_size", 1))
+    big = int(tr.get("num_layers", 1)) >= 20
+    return ModelCapabilities(
+        name=name, family="ltx", modes=frozenset({"t2v", "t2i", "i2v"}),
+        spatial_multiple=multiple, frame_multiple=temporal, min_size=multiple,
+        max_size=1280 if big else 256, max_pixels=1280 * 720 if big else 256 * 256,
+        max_frames=257 if big else 33, default_width=704 if big else 64,
+        default_height=480 if big else 64, default_frames=121 if big else 9,
+        default_fps=24.0, default_steps=50 if big else 8, default_guidance=3.0,
+        guidance_range=(1.0, 20.0))
+
+
 def capabilities_for(family: str, folder: Path, index: dict, *, name: str,
                      extra: dict | None = None) -> ModelCapabilities:
     """Reads a folder's configs (and its optional ``studio.json``, ``extra``) into
@@ -122,6 +143,8 @@ def capabilities_for(family: str, folder: Path, index: dict, *, name: str,
         return _flux_caps(folder, index, name, extra or {})
     if family in ("sd", "sdxl", "sd3"):
         return _sd_caps(folder, index, name, family)
+    if family == "ltx":
+        return _ltx_caps(folder, index, name)
     cls = index.get("_class_name", "?")
     raise ModelError(f"pipeline {cls} is not supported yet (supported families: "
                      f"{', '.join(SUPPORTED_FAMILIES)})")
