@@ -233,7 +233,7 @@ class DenoiserTask(TrainTask):
                                                  torch.float32)
 
     def batch(self, rng):
-        if self.pool is not None:
+        if getattr(self, "pool", None) is not None:
             return self.pool.batch(rng)
         kind = rng.choice(["image", "clip", "reference"], p=[0.45, 0.37, 0.18])
         video = kind != "image"

@@ -64,6 +64,26 @@ def test_batches_cover_every_step_kind():
     assert task_kinds == {"image", "clip", "i2v", "reference"}
 
 
+def test_latent_pool_batches_are_latents_of_every_kind():
+    from studio.tiny.train import LatentPool
+
+    task = DenoiserTask.__new__(DenoiserTask)
+    task.image_batch, task.clip_batch, task.device = 4, 2, torch.device("cpu")
+    task.vae = build_vae().eval()
+    task.latents_mean, task.latents_std = torch.zeros(8), torch.ones(8)
+    pool = LatentPool(task, warm_images=64, warm_clips=16, fresh_images=2, fresh_clips=1,
+                      max_images=70, max_clips=18)
+    kinds = set()
+    for i in range(12):
+        captions, latents, refs, first = pool.batch(np.random.default_rng(i))
+        assert torch.is_tensor(latents) and latents.shape[1:2] == (8,)
+        assert latents.shape[2] == (1 if len(captions) == 4 else 3)
+        kinds.add("image" if latents.shape[2] == 1 else "reference" if refs is not None
+                  else "i2v" if first.any() else "clip")
+    assert kinds == {"image", "clip", "i2v", "reference"}
+    assert len(pool.images) == 70 and len(pool.clips) == 18  # grew to the cap, then replaced
+
+
 def test_anonymise_removes_colour_and_shape():
     assert anonymise("a small red star in the top left corner on a grass background") == \
         "a small object in the top left corner on a grass background"

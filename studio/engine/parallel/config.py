@@ -1,0 +1,79 @@
+"""``ParallelConfig``: how one job is split over ranks, validated before anything starts.
+
+ranks = ulysses_degree × ring_degree × cfg_degree × replicas. Ulysses (DeepSpeed-Ulysses,
+Jacobs et al. 2023) splits the attention heads after an all-to-all, so the heads must divide
+by its degree; ring attention (Liu et al., "Ring Attention", 2023) splits the sequence and
+passes key/value blocks around the ring; CFG parallel puts the conditional and unconditional
+branches on different ranks (as xDiT does); replicas run independent jobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ParallelConfigError(ValueError):
+    """A parallel configuration that cannot run; the message names the field and the rule."""
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Degrees of each kind of parallelism (each ≥ 1).
+
+    Attributes:
+        ulysses_degree: ranks that split attention heads (sequence all-to-all).
+        ring_degree: ranks that split the sequence with ring attention.
+        cfg_degree: 1, or 2 to run the two guidance branches on different ranks.
+        replicas: data-parallel copies, each running its own jobs.
+    """
+
+    ulysses_degree: int = 1
+    ring_degree: int = 1
+    cfg_degree: int = 1
+    replicas: int = 1
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks this configuration needs."""
+        return self.ulysses_degree * self.ring_degree * self.cfg_degree * self.replicas
+
+    @property
+    def sequence_degree(self) -> int:
+        return self.ulysses_degree * self.ring_degree
+
+    def validate(self, *, devices: int, heads: int | None = None,
+                 sequence_length: int | None = None, uses_cfg: bool = True) -> None:
+        """Checks the configuration against the machine and the model.
+
+        Args:
+            devices: GPUs available (or CPU ranks allowed).
+            heads: the model's attention heads (Ulysses splits them).
+            sequence_length: tokens of the job's latent sequence (sequence parallel splits
+                them; they must divide evenly, padding is not supported).
+            uses_cfg: whether the job runs classifier-free guidance (two branches).
+
+        Raises:
+            ParallelConfigError: naming the field, the value and the rule.
+        """
+        for name in ("ulysses_degree", "ring_degree", "cfg_degree", "replicas"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ParallelConfigError(f"{name}: {value!r} must be an integer >= 1")
+        if self.cfg_degree not in (1, 2):
+            raise ParallelConfigError(f"cfg_degree: {self.cfg_degree} must be 1 or 2 (there "
+                                      f"are two guidance branches)")
+        if self.cfg_degree == 2 and not uses_cfg:
+            raise ParallelConfigError("cfg_degree: 2 needs a job with classifier-free guidance "
+                                      "(guidance scale > 1 and a model that runs two branches)")
+        if self.world_size > devices:
+            raise ParallelConfigError(
+                f"ulysses_degree × ring_degree × cfg_degree × replicas = {self.world_size} "
+                f"ranks, but only {devices} device(s) are available")
+        if heads is not None and heads % self.ulysses_degree:
+            raise ParallelConfigError(f"ulysses_degree: {self.ulysses_degree} does not divide "
+                                      f"the model's {heads} attention heads")
+        if sequence_length is not None and sequence_length % self.sequence_degree:
+            raise ParallelConfigError(
+                f"ulysses_degree × ring_degree = {self.sequence_degree} does not divide the "
+                f"sequence of {sequence_length} tokens (padding is not supported: change the "
+                f"size or frame count)")

@@ -1,0 +1,78 @@
+"""Rank groups on torch.distributed: spawn ``n`` processes on this machine (loopback only),
+NCCL on GPUs, gloo on the CPU, with short collective timeouts so a dead rank fails fast.
+
+Nothing here changes the environment at import time; :func:`run_ranks` sets the rendezvous
+variables in the spawned children only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (the rendezvous never listens beyond loopback)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(rank: int, world: int, port: int, backend: str, timeout_s: float, fn, args, queue):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        result = fn(rank, world, *args)
+        queue.put((rank, "ok", result))
+    except Exception as exc:  # reported to the caller with the rank
+        queue.put((rank, "error", f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable, world_size: int, *args, backend: str | None = None,
+              timeout_s: float = 60.0) -> list:
+    """Runs ``fn(rank, world_size, *args)`` on ``world_size`` spawned ranks; returns the
+    results by rank.
+
+    Raises:
+        RuntimeError: a rank failed or died (names it and why).
+    """
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_child, args=(r, world_size, port, backend, timeout_s, fn,
+                                              args, queue), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict[int, object] = {}
+    errors = []
+    for _ in range(world_size):
+        try:
+            rank, status, value = queue.get(timeout=timeout_s * 4)
+        except Exception:
+            errors.append("a rank stopped without reporting (killed or crashed)")
+            break
+        if status == "ok":
+            results[rank] = value
+        else:
+            errors.append(f"rank {rank}: {value}")
+    for p in procs:
+        p.join(timeout=timeout_s)
+        if p.is_alive():
+            p.kill()
+    if errors or len(results) != world_size:
+        raise RuntimeError("parallel job failed: " + "; ".join(errors or ["missing results"]))
+    return [results[r] for r in range(world_size)]
