@@ -59,6 +59,11 @@ def _quiet_libraries() -> None:
     log at ERROR level; called when an executor is built, never at import."""
     import warnings
 
+    # torchao (imported by diffusers when installed) warns about optional CUDA extensions it
+    # cannot load on this machine, and torch's pytree about torchao's enum registrations
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
     import diffusers
     import transformers
 
