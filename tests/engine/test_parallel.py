@@ -96,3 +96,55 @@ def test_cfg_parallel_on_two_ranks_matches_one_process(tiny_models, sd15, kind):
             assert computed == [6, 7]
         else:  # batched CFG: each rank computes its half of every call
             assert computed == [6, 6]
+
+
+def _generate_any(pipe, kind):
+    kwargs = dict(num_frames=5, guidance_scale=4.0) if kind == "wan" else {}
+    out = pipe("a red circle", num_inference_steps=3, height=32, width=32,
+               generator=torch.Generator().manual_seed(0), output_type="np", **kwargs)
+    return np.asarray(out.frames if kind == "wan" else out.images)
+
+
+def _ulysses_rank(rank, world, folders):
+    import diffusers
+
+    from studio.engine.parallel.sequence import apply_sequence_parallel
+
+    out = {}
+    for kind, folder in folders.items():
+        cls = diffusers.WanPipeline if kind == "wan" else diffusers.FluxPipeline
+        pipe = cls.from_pretrained(folder, local_files_only=True)
+        pipe.set_progress_bar_config(disable=True)
+        apply_sequence_parallel(pipe.transformer, ParallelConfig(ulysses_degree=2))
+        with torch.inference_mode():
+            out[kind] = _generate_any(pipe, kind)
+    return out
+
+
+def test_ulysses_on_two_ranks_matches_one_process(tiny_models):
+    import diffusers
+
+    folders = {"wan": str(tiny_models["wan-t2v"]), "flux": str(tiny_models["flux"])}
+    want = {}
+    for kind, folder in folders.items():
+        cls = diffusers.WanPipeline if kind == "wan" else diffusers.FluxPipeline
+        pipe = cls.from_pretrained(folder, local_files_only=True)
+        pipe.set_progress_bar_config(disable=True)
+        with torch.inference_mode():
+            want[kind] = _generate_any(pipe, kind)
+    for result in run_ranks(_ulysses_rank, 2, folders, timeout_s=60):
+        for kind in folders:
+            assert np.abs(result[kind] - want[kind]).max() <= 1e-5
+
+
+def test_sequence_parallel_refuses_models_without_a_plan_or_bad_heads():
+    from diffusers import UNet2DConditionModel
+
+    from studio.engine.parallel.sequence import apply_sequence_parallel
+
+    unet = UNet2DConditionModel(block_out_channels=(8, 16), layers_per_block=1, sample_size=8,
+                                norm_num_groups=4, cross_attention_dim=8,
+                                down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+                                up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"))
+    with pytest.raises(ParallelConfigError, match="has no context-parallel plan"):
+        apply_sequence_parallel(unet, ParallelConfig(ulysses_degree=2))
