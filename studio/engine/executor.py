@@ -39,6 +39,10 @@ def runner_class(family: str) -> type[FamilyRunner]:
         from studio.engine.pipelines.wan import WanRunner
 
         return WanRunner
+    if family == "wan-vace":
+        from studio.engine.pipelines.wan import WanVaceRunner
+
+        return WanVaceRunner
     if family == "flux":
         from studio.engine.pipelines.flux import FluxRunner
 

@@ -114,12 +114,13 @@ def levers_for(profile: str, device: torch.device | str = "cpu",
     return ProfileLevers(profile, step_cache=cache, attention=attention, precision=precision)
 
 
-def _cacheable(module: torch.nn.Module) -> bool:
+def _uncacheable_reason(module: torch.nn.Module) -> str:
+    """Why the step cache cannot go on ``module`` ("" when it can)."""
     try:
         transformer_blocks(module)
-    except ValueError:
-        return False
-    return True
+    except ValueError as exc:
+        return str(exc)
+    return ""
 
 
 def apply_levers(denoisers: list[torch.nn.Module], levers: ProfileLevers) -> list[str]:
@@ -153,9 +154,8 @@ def apply_levers(denoisers: list[torch.nn.Module], levers: ProfileLevers) -> lis
                 apply_unet_cache(module, levers.step_cache)
                 module._studio_step_cache_config = levers.step_cache
             reset_step_cache(module)
-        elif not _cacheable(module):
-            notes.append(f"step cache: {type(module).__name__} has no transformer blocks to "
-                         f"cache; ran without it")
+        elif _uncacheable_reason(module):
+            notes.append(f"{_uncacheable_reason(module)}; ran without it")
         else:
             current = getattr(module, "_studio_step_cache_config", None)
             if current != levers.step_cache:

@@ -294,3 +294,28 @@ def build_tiny_ltx(folder: str | os.PathLike[str], *, seed: int = 0) -> Path:
     out = Path(folder)
     pipe.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def build_tiny_wan_vace(folder: str | os.PathLike[str], *, seed: int = 0) -> Path:
+    """Builds and saves a tiny Wan VACE pipeline (``WanVACEPipeline``) with random weights:
+    a ``WanVACETransformer3DModel`` of two layers with one VACE control block, the tiny Wan
+    VAE (8x spatial, 4x temporal) and UMT5 text encoder."""
+    from diffusers import (
+        FlowMatchEulerDiscreteScheduler,
+        WanVACEPipeline,
+        WanVACETransformer3DModel,
+    )
+
+    torch.manual_seed(seed)
+    tokenizer = make_word_tokenizer(32)
+    transformer = WanVACETransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=16,
+        out_channels=16, text_dim=32, freq_dim=32, ffn_dim=32, num_layers=2,
+        cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
+        vace_layers=[0], vace_in_channels=16 * 2 + 8 * 8).eval()
+    pipe = WanVACEPipeline(tokenizer=tokenizer, text_encoder=_umt5(len(tokenizer)),
+                           vae=_wan_vae(), scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+                           transformer=transformer)
+    out = Path(folder)
+    pipe.save_pretrained(out, safe_serialization=True)
+    return out

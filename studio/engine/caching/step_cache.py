@@ -352,6 +352,11 @@ def transformer_blocks(transformer: torch.nn.Module) -> list[torch.nn.Module]:
     Raises:
         ValueError: the model has no block list the cache knows (names the class).
     """
+    if hasattr(transformer, "vace_blocks"):
+        # VACE adds control hints to the hidden states between blocks, outside them: a
+        # forecast of the deep residual would count them twice
+        raise ValueError(f"step cache: {type(transformer).__name__} adds VACE control hints "
+                         f"between its blocks; it is not cached yet")
     blocks: list[torch.nn.Module] = []
     for name in BLOCK_LIST_NAMES:
         value = getattr(transformer, name, None)

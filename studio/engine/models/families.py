@@ -23,10 +23,11 @@ PIPELINE_FAMILIES = {
     "StableDiffusion3Pipeline": "sd3",
     "StableDiffusion3Img2ImgPipeline": "sd3",
     "StableDiffusion3InpaintPipeline": "sd3",
+    "WanVACEPipeline": "wan-vace",
     "LTXPipeline": "ltx",
     "LTXImageToVideoPipeline": "ltx",
 }
-SUPPORTED_FAMILIES = ("wan", "flux", "sd", "sdxl", "sd3", "ltx")
+SUPPORTED_FAMILIES = ("wan", "wan-vace", "flux", "sd", "sdxl", "sd3", "ltx")
 
 
 def family_of(pipeline_class: str) -> str:
@@ -45,7 +46,9 @@ def _wan_caps(folder: Path, index: dict, name: str, extra: dict) -> ModelCapabil
     cls = index.get("_class_name")
     expand = bool(index.get("expand_timesteps"))
     modes: set[str] = set()
-    if in_ch == z_dim:
+    if cls == "WanVACEPipeline":
+        modes |= {"t2v", "t2i", "i2v", "r2v"}  # VACE: control frames, masks, references
+    elif in_ch == z_dim:
         # Latents-only input: text-to-video, images as one-frame videos, and SDEdit.
         modes |= {"t2v", "t2i", "i2i"}
         if extra.get("reference_frames") == "append":
@@ -59,14 +62,15 @@ def _wan_caps(folder: Path, index: dict, name: str, extra: dict) -> ModelCapabil
                          f"{z_dim} latent channels is not a layout this studio runs")
     big = int(tr.get("num_layers", 1)) >= 20
     return ModelCapabilities(
-        name=name, family="wan", modes=frozenset(modes),
+        name=name, family="wan-vace" if cls == "WanVACEPipeline" else "wan",
+        modes=frozenset(modes),
         spatial_multiple=spatial * int(patch[1]), frame_multiple=temporal,
         min_size=spatial * int(patch[1]), max_size=1920 if big else 512,
         max_pixels=1280 * 720 if big else 512 * 512, max_frames=161 if big else 81,
         default_width=832 if big else 64, default_height=480 if big else 64,
         default_frames=81 if big else 9, default_fps=16.0, default_steps=50 if big else 20,
         default_guidance=5.0, guidance_range=(1.0, 20.0), supports_mask="i2i" in modes,
-        max_references=1 if "r2v" in modes else 0)
+        max_references=(3 if cls == "WanVACEPipeline" else 1) if "r2v" in modes else 0)
 
 
 def _flux_caps(folder: Path, index: dict, name: str, extra: dict) -> ModelCapabilities:
@@ -137,7 +141,7 @@ def capabilities_for(family: str, folder: Path, index: dict, *, name: str,
     Raises:
         ModelError: the family is not supported, or its configs do not fit it.
     """
-    if family == "wan":
+    if family in ("wan", "wan-vace"):
         return _wan_caps(folder, index, name, extra or {})
     if family == "flux":
         return _flux_caps(folder, index, name, extra or {})

@@ -260,3 +260,58 @@ def append_reference_frame(transformer: torch.nn.Module, reference: torch.Tensor
 
     return [transformer.register_forward_pre_hook(before, with_kwargs=True),
             transformer.register_forward_hook(after, with_kwargs=True)]
+
+
+class WanVaceRunner(WanRunner):
+    """Wan VACE (``WanVACEPipeline``): text-to-video and -image, reference-to-video (the
+    references as VACE reference images) and image-to-video (the first frame given as a
+    VACE control frame with a mask that keeps it, the rest generated)."""
+
+    def __init__(self, entry, device, dtype):
+        FamilyRunner.__init__(self, entry, device, dtype)
+        from diffusers import DiffusionPipeline
+
+        base = load_pipeline(DiffusionPipeline, entry, dtype).to(device)
+        base.set_progress_bar_config(disable=True)
+        self.base = base
+        self.pipes = {"vace": base}
+        self.preview = self._fit_preview()
+
+    @torch.no_grad()
+    def run(self, request: GenerationRequest, inputs: dict[str, np.ndarray],
+            on_step: StepFn) -> RunOutput:
+        from PIL import Image
+
+        pipe, mode = self.base, request.mode
+        frames = 1 if mode == "t2i" else request.num_frames
+        clock = StageClock([pipe.transformer, getattr(pipe, "transformer_2", None)])
+        timings: dict[str, float] = {}
+        notes: list[str] = []
+        max_len = int(self.entry.call_kwargs.get("max_sequence_length", 512))
+        cfg = request.guidance_scale > 1.0
+        prompt_embeds, negative_embeds = self.encode_text(
+            (request.prompt, request.negative_prompt if cfg else None, max_len),
+            lambda: pipe.encode_prompt(request.prompt, request.negative_prompt or None,
+                                       do_classifier_free_guidance=cfg,
+                                       max_sequence_length=max_len, device=self.device),
+            timings, notes)
+        kwargs = dict(prompt_embeds=prompt_embeds, negative_prompt_embeds=negative_embeds,
+                      height=request.height, width=request.width, num_frames=frames,
+                      num_inference_steps=request.steps, guidance_scale=request.guidance_scale,
+                      generator=self.generator(request.seed), output_type="np",
+                      max_sequence_length=max_len,
+                      callback_on_step_end=make_callback(on_step, clock),
+                      callback_on_step_end_tensor_inputs=["latents"])
+        size = (request.width, request.height)
+        if mode == "r2v":
+            kwargs["reference_images"] = [
+                to_pil(fit_image(inputs[r.content_id], request.width, request.height))
+                for r in request.references]
+        if mode == "i2v":
+            first = to_pil(fit_image(inputs[request.first_frame.content_id], request.width,
+                                     request.height))
+            kwargs["video"] = [first] + [Image.new("RGB", size, (128, 128, 128))] * (frames - 1)
+            kwargs["mask"] = [Image.new("L", size, 0)] + [Image.new("L", size, 255)] * (frames - 1)
+        notes = self.apply_profile(request) + notes
+        out = np.asarray(pipe(**kwargs).frames[0], dtype=np.float32)
+        return RunOutput(out, {**timings, **clock.finish()}, notes + self.profile_notes())
