@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# studio.kernels on the GPU machine, in one command (no network, no diffusers, < 5 minutes):
-# correctness of every kernel first, then timings against torch SDPA (flash, cuDNN) at the
-# Flux 1024² and Wan 720p attention shapes; a markdown table is printed last.
+# The GPU checks and timings, in one command (< 5 minutes; no network on that machine):
+#  1. studio.kernels: correctness of every kernel, then timings against torch SDPA (flash,
+#     cuDNN) at the Flux 1024² and Wan 720p attention shapes (bench/gpu/kernels.py);
+#  2. the engine's levers on full-size random-weight Wan 1.3B and FLUX.1 transformers:
+#     attention routing (flash/sage/sparse), the step cache hooks' overhead, fp8/int8 dynamic
+#     precision (bench/gpu/engine.py). Needs diffusers (and torchao) there: their wheels
+#     travel in bench/gpu/wheels (ignored by git; pass it in the run's carry list).
 #
-#   bench/gpu/run.sh                       # JSON next to the output when $OUT is set
-#   bench/gpu/run.sh --json results.json --budget-s 240
-#   bench/gpu/run.sh --cpu-smoke           # correctness only, tiny shapes, CPU interpreter
+#   bench/gpu/run.sh                       # JSON under $OUT when it is set
+#   bench/gpu/run.sh --cpu-smoke           # both, tiny shapes, on the CPU (interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-python3}"
@@ -13,4 +16,12 @@ args=("$@")
 if [[ -n "${OUT:-}" && " $* " != *" --json "* ]]; then
   args+=(--json "$OUT/kernels-gpu.json")
 fi
-exec "$PY" -m bench.gpu.kernels "${args[@]}"
+if ls bench/gpu/wheels/*.whl >/dev/null 2>&1 && ! "$PY" -c "import diffusers" 2>/dev/null; then
+  site="${TMPDIR:-/tmp}/studio-site"
+  "$PY" -m pip install -q --no-index --no-deps --target "$site" bench/gpu/wheels/*.whl
+  export PYTHONPATH="$site:${PYTHONPATH:-}"
+fi
+smoke=()
+[[ " $* " == *" --cpu-smoke "* ]] && smoke=(--cpu-smoke)
+"$PY" -m bench.gpu.kernels --budget-s 150 "${args[@]}"
+"$PY" -m bench.gpu.engine "${smoke[@]}" ${OUT:+--json "$OUT/engine-gpu.json"}
