@@ -55,6 +55,10 @@ def runner_class(family: str) -> type[FamilyRunner]:
         from studio.engine.pipelines.ltx import LTXRunner
 
         return LTXRunner
+    if family == "qwen-image":
+        from studio.engine.pipelines.qwen import QwenImageRunner
+
+        return QwenImageRunner
     raise ModelError(f"no runner for model family {family!r}")
 
 

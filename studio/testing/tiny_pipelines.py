@@ -319,3 +319,39 @@ def build_tiny_wan_vace(folder: str | os.PathLike[str], *, seed: int = 0) -> Pat
     out = Path(folder)
     pipe.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def build_tiny_qwen_image(folder: str | os.PathLike[str], *, seed: int = 0) -> Path:
+    """Builds and saves a tiny Qwen-Image pipeline (``QwenImagePipeline``) with random
+    weights: a two-layer ``Qwen2_5_VLForConditionalGeneration`` text encoder (with a one-block
+    vision tower, as the class requires), ``AutoencoderKLQwenImage`` (8x spatial) and a
+    two-layer ``QwenImageTransformer2DModel``."""
+    import diffusers
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    tokenizer = make_word_tokenizer(64)
+    config = Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=37,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]},
+                         max_position_embeddings=256),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2,
+                           out_hidden_size=32, patch_size=14, spatial_merge_size=2,
+                           temporal_patch_size=2, in_chans=3),
+        vocab_size=len(tokenizer), hidden_size=32)
+    text_encoder = Qwen2_5_VLForConditionalGeneration(config).eval()
+    vae = diffusers.AutoencoderKLQwenImage(
+        base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+        temperal_downsample=[False, True, True], latents_mean=[0.0] * 4,
+        latents_std=[1.0] * 4).eval()
+    transformer = diffusers.QwenImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, guidance_embeds=False,
+        axes_dims_rope=(4, 6, 6)).eval()
+    pipe = diffusers.QwenImagePipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(),
+                                       vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                                       transformer=transformer)
+    out = Path(folder)
+    pipe.save_pretrained(out, safe_serialization=True)
+    return out

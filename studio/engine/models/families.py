@@ -24,10 +24,13 @@ PIPELINE_FAMILIES = {
     "StableDiffusion3Img2ImgPipeline": "sd3",
     "StableDiffusion3InpaintPipeline": "sd3",
     "WanVACEPipeline": "wan-vace",
+    "QwenImagePipeline": "qwen-image",
+    "QwenImageImg2ImgPipeline": "qwen-image",
+    "QwenImageInpaintPipeline": "qwen-image",
     "LTXPipeline": "ltx",
     "LTXImageToVideoPipeline": "ltx",
 }
-SUPPORTED_FAMILIES = ("wan", "wan-vace", "flux", "sd", "sdxl", "sd3", "ltx")
+SUPPORTED_FAMILIES = ("wan", "wan-vace", "flux", "sd", "sdxl", "sd3", "ltx", "qwen-image")
 
 
 def family_of(pipeline_class: str) -> str:
@@ -133,6 +136,20 @@ def _ltx_caps(folder: Path, index: dict, name: str) -> ModelCapabilities:
         guidance_range=(1.0, 20.0))
 
 
+def _qwen_caps(folder: Path, index: dict, name: str) -> ModelCapabilities:
+    vae = read_json(folder / "vae" / "config.json", name)
+    tr = read_json(folder / "transformer" / "config.json", name)
+    spatial = 2 ** len(vae.get("temperal_downsample", [False, True, True]))
+    multiple = spatial * int(tr.get("patch_size", 2))
+    big = int(tr.get("num_layers", 1)) >= 20
+    return ModelCapabilities(
+        name=name, family="qwen-image", modes=frozenset({"t2i", "i2i"}),
+        spatial_multiple=multiple, min_size=multiple, max_size=2048 if big else 256,
+        max_pixels=2048 * 2048 if big else 256 * 256, default_width=1328 if big else 64,
+        default_height=1328 if big else 64, default_steps=50 if big else 8,
+        default_guidance=4.0, guidance_range=(1.0, 20.0), supports_mask=True)
+
+
 def capabilities_for(family: str, folder: Path, index: dict, *, name: str,
                      extra: dict | None = None) -> ModelCapabilities:
     """Reads a folder's configs (and its optional ``studio.json``, ``extra``) into
@@ -149,6 +166,8 @@ def capabilities_for(family: str, folder: Path, index: dict, *, name: str,
         return _sd_caps(folder, index, name, family)
     if family == "ltx":
         return _ltx_caps(folder, index, name)
+    if family == "qwen-image":
+        return _qwen_caps(folder, index, name)
     cls = index.get("_class_name", "?")
     raise ModelError(f"pipeline {cls} is not supported yet (supported families: "
                      f"{', '.join(SUPPORTED_FAMILIES)})")
