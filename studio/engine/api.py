@@ -67,32 +67,62 @@ class EventStream:
 
 
 class Engine:
-    """Queue + worker + event fan-out.
+    """Queue + workers + event fan-out.
+
+    One worker per device (data parallelism: independent jobs run at once, each on the first
+    free worker, in queue order); a single worker by default.
 
     Args:
-        worker: the worker to use (default: a :class:`ThreadWorker`).
-        config: used to build the default worker.
+        worker: the worker to use (default: a :class:`ThreadWorker`), or ``workers``.
+        config: used to build the default worker(s).
         in_process: with no ``worker``, ``False`` runs the engine in a child process.
+        workers: several workers (e.g. one per GPU, see :meth:`for_devices`).
     """
 
     def __init__(self, worker: Worker | None = None, *, config: WorkerConfig | None = None,
-                 in_process: bool = True):
-        if worker is None:
-            config = config or WorkerConfig()
-            worker = ThreadWorker(config) if in_process else ProcessWorker(config)
-        self.worker = worker
+                 in_process: bool = True, workers: list[Worker] | None = None):
+        if workers is None:
+            if worker is None:
+                config = config or WorkerConfig()
+                worker = ThreadWorker(config) if in_process else ProcessWorker(config)
+            workers = [worker]
+        if not workers:
+            raise ValueError("workers: at least one worker is needed")
+        self.workers = list(workers)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: deque = deque()
-        self._running: str | None = None
+        self._running: dict[str, int] = {}  # job id -> worker index
         self._subscribers: list[asyncio.Queue] = []
         self._final: dict[str, asyncio.Future] = {}
         self._closed = False
+
+    @classmethod
+    def for_devices(cls, devices: list[str], *, config: WorkerConfig | None = None,
+                    in_process: bool = False) -> Engine:
+        """One worker per device (``["cuda:0", "cuda:1"]``): jobs spread over them.
+
+        Raises:
+            ValueError: an empty or repeated device list.
+        """
+        from dataclasses import replace
+
+        if not devices or len(set(devices)) != len(devices):
+            raise ValueError(f"devices: {devices!r} must be a non-empty list without repeats")
+        config = config or WorkerConfig()
+        kind = ThreadWorker if in_process else ProcessWorker
+        return cls(workers=[kind(replace(config, device=d)) for d in devices])
+
+    @property
+    def worker(self) -> Worker:
+        """The first worker (the only one unless several devices were given)."""
+        return self.workers[0]
 
     # -- lifecycle --------------------------------------------------------------------------
     def _bind(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
-            self.worker.start(self._from_worker)
+            for w in self.workers:
+                w.start(self._from_worker)
         return self._loop
 
     async def __aenter__(self) -> Engine:
@@ -109,9 +139,10 @@ class Engine:
         self._closed = True
         for job in list(self._pending):
             self.cancel(job.job_id)
-        if self._running:
-            self.worker.cancel(self._running)
-        await asyncio.get_running_loop().run_in_executor(None, self.worker.close)
+        for job_id, index in list(self._running.items()):
+            self.workers[index].cancel(job_id)
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(None, w.close) for w in self.workers))
         for q in self._subscribers:
             q.put_nowait(None)
 
@@ -135,7 +166,7 @@ class Engine:
         self._final[job.job_id] = loop.create_future()
         self._pending.append(job)
         self._publish(ev.Queued(job.job_id, position=len(self._pending) - 1 +
-                                (1 if self._running else 0)))
+                                len(self._running)))
         self._dispatch()
         return job.job_id
 
@@ -150,8 +181,8 @@ class Engine:
                 self._pending.remove(job)
                 self._publish(ev.Cancelled(job_id, 0))
                 return True
-        if self._running == job_id:
-            self.worker.cancel(job_id)
+        if job_id in self._running:
+            self.workers[self._running[job_id]].cancel(job_id)
             return True
         return False
 
@@ -171,7 +202,13 @@ class Engine:
 
     @property
     def running(self) -> str | None:
-        return self._running
+        """The running job (the earliest started one when several workers run)."""
+        return next(iter(self._running), None)
+
+    @property
+    def running_jobs(self) -> list[str]:
+        """Every running job, one per busy worker."""
+        return list(self._running)
 
     def events(self) -> EventStream:
         """Every event of every job from the moment of this call, in order, until the engine
@@ -196,8 +233,8 @@ class Engine:
 
     def _on_worker_event(self, event: ev.JobEvent) -> None:
         self._publish(event)
-        if event.terminal and event.job_id == self._running:
-            self._running = None
+        if event.terminal and event.job_id in self._running:
+            del self._running[event.job_id]
             self._dispatch()
 
     def _publish(self, event: ev.JobEvent) -> None:
@@ -209,7 +246,12 @@ class Engine:
                 fut.set_result(event)
 
     def _dispatch(self) -> None:
-        if self._running is None and self._pending and not self._closed:
+        busy = set(self._running.values())
+        for index, worker in enumerate(self.workers):
+            if not self._pending or self._closed:
+                return
+            if index in busy:
+                continue
             job = self._pending.popleft()
-            self._running = job.job_id
-            self.worker.run(job)
+            self._running[job.job_id] = index
+            worker.run(job)

@@ -199,3 +199,36 @@ def test_process_worker_crash_fails_the_job_and_the_next_job_runs(tiny_models):
     assert isinstance(died, ev.Failed) and died.kind == ev.WORKER_DIED
     assert "stopped unexpectedly" in died.message
     assert isinstance(after, ev.Finished) and pid1 != pid2
+
+
+def test_jobs_spread_over_several_workers(tiny_models):
+    """Data parallelism: two workers (one per device; two CPU executors here) run two jobs at
+    once, queued jobs go to whichever frees first, and each job's events stay its own."""
+    model = tiny_models["wan-t2v"]
+    executors = [JobExecutor(ModelRegistry(include_hf_cache=False)) for _ in range(2)]
+    hooks = [slow_steps(e, model, 0.05) for e in executors]
+    workers = [ThreadWorker(WorkerConfig(), executor=e) for e in executors]
+
+    async def main():
+        async with Engine(workers=workers) as engine:
+            stream = engine.events()
+            jobs = [engine.submit(request(model, seed=s)) for s in range(4)]
+            assert len(engine.running_jobs) == 2 and engine.queued == jobs[2:]
+            started, finished, both = [], [], False
+            async for event in stream:
+                if isinstance(event, ev.Started):
+                    started.append(event.job_id)
+                if len(started) - len(finished) == 2:
+                    both = True
+                if isinstance(event, ev.Finished):
+                    finished.append(event.job_id)
+                if len(finished) == 4:
+                    break
+            return jobs, started, finished, both
+
+    jobs, started, finished, both = run(main())
+    for h in hooks:
+        h.remove()
+    assert both and sorted(finished) == sorted(jobs) and set(started[:2]) == set(jobs[:2])
+    with pytest.raises(ValueError, match="devices"):
+        Engine.for_devices(["cuda:0", "cuda:0"])
