@@ -59,6 +59,10 @@ def runner_class(family: str) -> type[FamilyRunner]:
         from studio.engine.pipelines.qwen import QwenImageRunner
 
         return QwenImageRunner
+    if family == "flux2":
+        from studio.engine.pipelines.flux2 import Flux2Runner
+
+        return Flux2Runner
     raise ModelError(f"no runner for model family {family!r}")
 
 

@@ -355,3 +355,41 @@ def build_tiny_qwen_image(folder: str | os.PathLike[str], *, seed: int = 0) -> P
     out = Path(folder)
     pipe.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def build_tiny_flux2(folder: str | os.PathLike[str], *, seed: int = 0) -> Path:
+    """Builds and saves a tiny FLUX.2 pipeline (``Flux2Pipeline``) with random weights: a
+    ``Mistral3ForConditionalGeneration`` text encoder of 30 narrow layers (the pipeline stacks
+    layers 10, 20 and 30), a word-level tokenizer with a chat template, an
+    ``AutoencoderKLFlux2`` and a ``Flux2Transformer2DModel`` of one double and one single
+    block."""
+    import diffusers
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    tokenizer = make_word_tokenizer(64)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% for c in m['content'] %}{% if c['type'] == 'text' %}"
+        "{{ c['text'] }} {% endif %}{% endfor %}{% endfor %}")
+    config = Mistral3Config(
+        text_config=dict(model_type="mistral", vocab_size=len(tokenizer), hidden_size=16,
+                         intermediate_size=24, num_hidden_layers=30, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=8, max_position_embeddings=128),
+        vision_config=dict(model_type="pixtral", hidden_size=16, intermediate_size=16,
+                           num_hidden_layers=1, num_attention_heads=2, head_dim=8,
+                           image_size=32, patch_size=16),
+        image_token_index=2)
+    text_encoder = Mistral3ForConditionalGeneration(config).eval()
+    vae = diffusers.AutoencoderKLFlux2(block_out_channels=(8, 8, 8, 8), layers_per_block=1,
+                                       latent_channels=4, norm_num_groups=4,
+                                       sample_size=32).eval()
+    transformer = diffusers.Flux2Transformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=48, timestep_guidance_channels=16,
+        mlp_ratio=2.0, axes_dims_rope=(4, 4, 4, 4)).eval()
+    pipe = diffusers.Flux2Pipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(),
+                                   vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                                   transformer=transformer)
+    out = Path(folder)
+    pipe.save_pretrained(out, safe_serialization=True)
+    return out

@@ -365,6 +365,14 @@ def transformer_blocks(transformer: torch.nn.Module) -> list[torch.nn.Module]:
     if len(blocks) < 2:
         raise ValueError(f"step cache: {type(transformer).__name__} has no list of at least 2 "
                          f"transformer blocks (looked for {', '.join(BLOCK_LIST_NAMES)})")
+    first, last = _metadata(blocks[0]), _metadata(blocks[-1])
+    if first.return_encoder_hidden_states_index is not None and \
+            last.return_encoder_hidden_states_index is None and \
+            getattr(transformer, "single_transformer_blocks", None) is not None:
+        # the text and image streams are joined into one sequence between the block lists
+        # (FLUX.2): the deep residual of the joined sequence does not fit the probe's streams
+        raise ValueError(f"step cache: {type(transformer).__name__} joins its text and image "
+                         f"streams between block lists; it is not cached yet")
     return blocks
 
 

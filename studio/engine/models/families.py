@@ -27,10 +27,12 @@ PIPELINE_FAMILIES = {
     "QwenImagePipeline": "qwen-image",
     "QwenImageImg2ImgPipeline": "qwen-image",
     "QwenImageInpaintPipeline": "qwen-image",
+    "Flux2Pipeline": "flux2",
     "LTXPipeline": "ltx",
     "LTXImageToVideoPipeline": "ltx",
 }
-SUPPORTED_FAMILIES = ("wan", "wan-vace", "flux", "sd", "sdxl", "sd3", "ltx", "qwen-image")
+SUPPORTED_FAMILIES = ("wan", "wan-vace", "flux", "flux2", "sd", "sdxl", "sd3", "ltx",
+                      "qwen-image")
 
 
 def family_of(pipeline_class: str) -> str:
@@ -150,6 +152,19 @@ def _qwen_caps(folder: Path, index: dict, name: str) -> ModelCapabilities:
         default_guidance=4.0, guidance_range=(1.0, 20.0), supports_mask=True)
 
 
+def _flux2_caps(folder: Path, index: dict, name: str) -> ModelCapabilities:
+    vae = read_json(folder / "vae" / "config.json", name)
+    tr = read_json(folder / "transformer" / "config.json", name)
+    multiple = 2 ** (len(vae.get("block_out_channels", [0, 0, 0, 0])) - 1) * 2
+    big = int(tr.get("num_single_layers", 1)) >= 20
+    return ModelCapabilities(
+        name=name, family="flux2", modes=frozenset({"t2i"}), spatial_multiple=multiple,
+        min_size=multiple, max_size=2048 if big else 256,
+        max_pixels=2048 * 2048 if big else 256 * 256, default_width=1024 if big else 64,
+        default_height=1024 if big else 64, default_steps=50 if big else 8,
+        default_guidance=4.0, guidance_range=(0.0, 20.0))
+
+
 def capabilities_for(family: str, folder: Path, index: dict, *, name: str,
                      extra: dict | None = None) -> ModelCapabilities:
     """Reads a folder's configs (and its optional ``studio.json``, ``extra``) into
@@ -168,6 +183,8 @@ def capabilities_for(family: str, folder: Path, index: dict, *, name: str,
         return _ltx_caps(folder, index, name)
     if family == "qwen-image":
         return _qwen_caps(folder, index, name)
+    if family == "flux2":
+        return _flux2_caps(folder, index, name)
     cls = index.get("_class_name", "?")
     raise ModelError(f"pipeline {cls} is not supported yet (supported families: "
                      f"{', '.join(SUPPORTED_FAMILIES)})")
