@@ -38,4 +38,5 @@ def test_flux2_same_pixels_as_stock_and_cached(tmp_path):
         width=32, height=32, mode="t2i", optimization=OptimizationSettings("fast")), {},
         lambda *a: None)
     assert np.isfinite(cached.frames).all()
-    assert any("joins its text and image streams" in n for n in cached.notes), cached.notes
+    assert any("denoiser calls computed in full" in n for n in cached.notes), cached.notes
+    assert not any("computed in full, 0 forecast" in n for n in cached.notes), cached.notes

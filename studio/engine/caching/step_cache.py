@@ -48,7 +48,8 @@ _ROOT_HOOK = "studio_step_cache_root"
 _PROBE_HOOK = "studio_step_cache_probe"
 _BLOCK_HOOK = "studio_step_cache_block"
 _DEFAULT_CONTEXT = "studio-default"
-BLOCK_LIST_NAMES = ("transformer_blocks", "single_transformer_blocks", "blocks", "layers")
+BLOCK_LIST_NAMES = ("transformer_blocks", "single_transformer_blocks", "double_stream_blocks",
+                    "single_stream_blocks", "blocks", "layers")
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,10 @@ class _TrajectoryState(BaseState):
     def reset(self):
         self.times: list[float] = []
         self.probe_residuals: list[torch.Tensor] = []
-        # deep residuals: (hidden_states residual, encoder_hidden_states residual or None)
-        self.deep_residuals: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        # per full step: per segment, (hidden_states residual, encoder residual or None)
+        self.deep_residuals: list[dict[int, tuple[torch.Tensor, torch.Tensor | None]]] = []
+        self.segment_inputs: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self.step_residuals: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self.timestep: float | None = None
         self.last_timestep: float | None = None
         self.accumulated = 0.0
@@ -225,10 +228,12 @@ class _ProbeHook(ModelHook):
 
     _is_stateful = True
 
-    def __init__(self, state: StateManager, config: StepCacheConfig):
+    def __init__(self, state: StateManager, config: StepCacheConfig,
+                 segment_has_deep_blocks: bool = True):
         super().__init__()
         self.state_manager = state
         self.config = config
+        self.segment_has_deep_blocks = segment_has_deep_blocks
         self.meta: TransformerBlockMetadata | None = None
 
     def initialize_hook(self, module):
@@ -244,10 +249,13 @@ class _ProbeHook(ModelHook):
         residual = hidden - x
         state.compute = self._decide(state, residual)
         if state.compute:
-            state.probe_output = (hidden, encoder)
+            state.segment_inputs = {0: (hidden, encoder)}
+            state.step_residuals = {}
             state.probe_residual = residual
             return output
-        hs_res, enc_res = self._forecast_deep(state)
+        if not self.segment_has_deep_blocks:
+            return output
+        hs_res, enc_res = _forecast_segment(state, 0, self.config.order)
         hidden = hidden + hs_res
         if encoder is not None and enc_res is not None:
             encoder = encoder + enc_res
@@ -275,15 +283,6 @@ class _ProbeHook(ModelHook):
         state.consecutive_skips = 0
         return True
 
-    def _forecast_deep(self, state: _TrajectoryState):
-        hs = _forecast_list(state.times, [r[0] for r in state.deep_residuals], state.timestep,
-                            self.config.order)
-        enc = None
-        if state.deep_residuals[-1][1] is not None:
-            enc = _forecast_list(state.times, [r[1] for r in state.deep_residuals],
-                                 state.timestep, self.config.order)
-        return hs, enc
-
     def reset_state(self, module):
         self.state_manager.reset()
         return module
@@ -295,16 +294,42 @@ def _forecast_list(times, values, at, order):
     return forecast(times, values, at, order)
 
 
+def _forecast_segment(state: _TrajectoryState, segment: int, order: int):
+    """The forecast (hidden, encoder or None) residual of one segment at this timestep."""
+    history = [step[segment] for step in state.deep_residuals]
+    hs = _forecast_list(state.times, [r[0] for r in history], state.timestep, order)
+    enc = None
+    if history[-1][1] is not None:
+        enc = _forecast_list(state.times, [r[1] for r in history], state.timestep, order)
+    return hs, enc
+
+
+def _inputs(meta: TransformerBlockMetadata, args, kwargs):
+    hidden = meta._get_parameter_from_args_kwargs(meta.hidden_states_argument_name, args, kwargs)
+    encoder = None
+    if meta.return_encoder_hidden_states_index is not None:
+        encoder = meta._get_parameter_from_args_kwargs(
+            meta.encoder_hidden_states_argument_name, args, kwargs)
+    return hidden, encoder
+
+
 class _DeepBlockHook(ModelHook):
-    """On every later block: passes inputs through on skipped steps; the last one records."""
+    """On every block after the probe. A segment is one block list of the model (FLUX.2 and
+    HiDream join the text and image streams between their lists, so each list's residual is
+    forecast in its own stream layout). On skipped steps the first block of a later segment
+    returns its input plus that segment's forecast residual and every other block passes its
+    input through; on full steps a segment's last block records the residual of the segment
+    (its output minus the segment's input), and the model's last block closes the step."""
 
     _is_stateful = True
 
-    def __init__(self, state: StateManager, config: StepCacheConfig, is_last: bool):
+    def __init__(self, state: StateManager, config: StepCacheConfig, *, segment: int,
+                 starts_segment: bool, ends_segment: bool, is_last: bool):
         super().__init__()
         self.state_manager = state
         self.config = config
-        self.is_last = is_last
+        self.segment, self.starts, self.ends, self.is_last = (segment, starts_segment,
+                                                              ends_segment, is_last)
         self.meta: TransformerBlockMetadata | None = None
 
     def initialize_hook(self, module):
@@ -315,29 +340,34 @@ class _DeepBlockHook(ModelHook):
         meta = self.meta
         state: _TrajectoryState = self.state_manager.get_state()
         if not state.compute:
-            hidden = meta._get_parameter_from_args_kwargs(meta.hidden_states_argument_name,
-                                                          args, kwargs)
-            encoder = None
-            if meta.return_encoder_hidden_states_index is not None:
-                encoder = meta._get_parameter_from_args_kwargs(
-                    meta.encoder_hidden_states_argument_name, args, kwargs)
+            hidden, encoder = _inputs(meta, args, kwargs)
+            if self.starts:
+                hs_res, enc_res = _forecast_segment(state, self.segment, self.config.order)
+                hidden = hidden + hs_res
+                if encoder is not None and enc_res is not None:
+                    encoder = encoder + enc_res
             return _join(None, meta, hidden, encoder)
+        if self.starts:
+            state.segment_inputs[self.segment] = _inputs(meta, args, kwargs)
         output = self.fn_ref.original_forward(*args, **kwargs)
-        if self.is_last:
+        if self.ends:
             self._record(state, output)
         return output
 
     @torch.compiler.disable
     def _record(self, state: _TrajectoryState, output) -> None:
         hidden, encoder = _split(output, self.meta)
-        probe_hidden, probe_encoder = state.probe_output
-        enc_res = encoder - probe_encoder if (encoder is not None and
-                                              probe_encoder is not None) else None
+        in_hidden, in_encoder = state.segment_inputs[self.segment]
+        enc_res = encoder - in_encoder if (encoder is not None and
+                                           in_encoder is not None) else None
+        state.step_residuals[self.segment] = (hidden - in_hidden, enc_res)
+        if not self.is_last:
+            return
         keep = self.config.order + 1
         state.times = (state.times + [state.timestep])[-keep:]
         state.probe_residuals = (state.probe_residuals + [state.probe_residual])[-keep:]
-        state.deep_residuals = (state.deep_residuals + [(hidden - probe_hidden, enc_res)])[-keep:]
-        state.probe_output = None
+        state.deep_residuals = (state.deep_residuals + [dict(state.step_residuals)])[-keep:]
+        state.segment_inputs, state.step_residuals = {}, {}
         state.probe_residual = None
 
     def reset_state(self, module):
@@ -345,35 +375,37 @@ class _DeepBlockHook(ModelHook):
         return module
 
 
-def transformer_blocks(transformer: torch.nn.Module) -> list[torch.nn.Module]:
-    """The transformer's blocks in execution order (Flux: the dual-stream blocks, then the
-    single-stream ones), found by the block-list names diffusers uses.
+def block_segments(transformer: torch.nn.Module) -> list[list[torch.nn.Module]]:
+    """The transformer's block lists in execution order, each a segment of the cache.
 
     Raises:
-        ValueError: the model has no block list the cache knows (names the class).
+        ValueError: no known block list with at least 2 blocks in all, or a model whose
+            blocks cannot be cached (names the class and why).
     """
     if hasattr(transformer, "vace_blocks"):
         # VACE adds control hints to the hidden states between blocks, outside them: a
         # forecast of the deep residual would count them twice
         raise ValueError(f"step cache: {type(transformer).__name__} adds VACE control hints "
                          f"between its blocks; it is not cached yet")
-    blocks: list[torch.nn.Module] = []
+    segments = []
     for name in BLOCK_LIST_NAMES:
         value = getattr(transformer, name, None)
-        if isinstance(value, torch.nn.ModuleList):
-            blocks.extend(value)
-    if len(blocks) < 2:
+        if isinstance(value, torch.nn.ModuleList) and len(value):
+            segments.append(list(value))
+    if sum(len(seg) for seg in segments) < 2:
         raise ValueError(f"step cache: {type(transformer).__name__} has no list of at least 2 "
                          f"transformer blocks (looked for {', '.join(BLOCK_LIST_NAMES)})")
-    first, last = _metadata(blocks[0]), _metadata(blocks[-1])
-    if first.return_encoder_hidden_states_index is not None and \
-            last.return_encoder_hidden_states_index is None and \
-            getattr(transformer, "single_transformer_blocks", None) is not None:
-        # the text and image streams are joined into one sequence between the block lists
-        # (FLUX.2): the deep residual of the joined sequence does not fit the probe's streams
-        raise ValueError(f"step cache: {type(transformer).__name__} joins its text and image "
-                         f"streams between block lists; it is not cached yet")
-    return blocks
+    return segments
+
+
+def transformer_blocks(transformer: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer's blocks in execution order (Flux: the dual-stream blocks, then the
+    single-stream ones), found by the block-list names diffusers uses.
+
+    Raises:
+        ValueError: as :func:`block_segments`.
+    """
+    return [block for segment in block_segments(transformer) for block in segment]
 
 
 def apply_step_cache(transformer: torch.nn.Module, config: StepCacheConfig) -> StepCacheStats:
@@ -391,16 +423,22 @@ def apply_step_cache(transformer: torch.nn.Module, config: StepCacheConfig) -> S
         ValueError: the model has fewer than 2 blocks, or no known block list.
     """
     remove_step_cache(transformer)
-    blocks = transformer_blocks(transformer)
+    segments = block_segments(transformer)
     state = StateManager(_TrajectoryState)
     stats = StepCacheStats()
-    HookRegistry.check_if_exists_or_initialize(transformer).register_hook(
-        _RootHook(state, stats), _ROOT_HOOK)
-    HookRegistry.check_if_exists_or_initialize(blocks[0]).register_hook(
-        _ProbeHook(state, config), _PROBE_HOOK)
-    for i, block in enumerate(blocks[1:], start=1):
-        HookRegistry.check_if_exists_or_initialize(block).register_hook(
-            _DeepBlockHook(state, config, is_last=i == len(blocks) - 1), _BLOCK_HOOK)
+    reg = HookRegistry.check_if_exists_or_initialize
+    reg(transformer).register_hook(_RootHook(state, stats), _ROOT_HOOK)
+    reg(segments[0][0]).register_hook(
+        _ProbeHook(state, config, segment_has_deep_blocks=len(segments[0]) > 1), _PROBE_HOOK)
+    for k, segment in enumerate(segments):
+        for i, block in enumerate(segment):
+            if k == 0 and i == 0:
+                continue  # the probe
+            reg(block).register_hook(_DeepBlockHook(
+                state, config, segment=k, starts_segment=k > 0 and i == 0,
+                ends_segment=i == len(segment) - 1,
+                is_last=k == len(segments) - 1 and i == len(segment) - 1), _BLOCK_HOOK)
+
     transformer._studio_step_cache = stats
     return stats
 
