@@ -148,3 +148,32 @@ def test_sequence_parallel_refuses_models_without_a_plan_or_bad_heads():
                                 up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"))
     with pytest.raises(ParallelConfigError, match="has no context-parallel plan"):
         apply_sequence_parallel(unet, ParallelConfig(ulysses_degree=2))
+
+
+def _tiny_tiling_vae():
+    from studio.tiny.train import build_vae
+
+    torch.manual_seed(0)
+    vae = build_vae().eval()
+    vae.enable_tiling(tile_sample_min_height=32, tile_sample_min_width=32,
+                      tile_sample_stride_height=24, tile_sample_stride_width=24)
+    return vae
+
+
+def _vae_rank(rank, world, z):
+    from studio.engine.parallel.vae import parallel_tiled_decode
+
+    with torch.inference_mode():
+        return parallel_tiled_decode(_tiny_tiling_vae(), z)
+
+
+def test_patch_parallel_vae_decode_matches_the_tiled_decode():
+    z = torch.randn(1, 8, 3, 24, 20, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        want = _tiny_tiling_vae().tiled_decode(z, return_dict=False)[0]
+    results = run_ranks(_vae_rank, 2, z, timeout_s=60)
+    tiles = [owned for _, owned in results]
+    assert sum(tiles) == 16 and tiles == [8, 8]  # a 4 x 4 grid of tiles, half each
+    for video, _ in results:
+        assert video.shape == want.shape
+        torch.testing.assert_close(video, want, atol=1e-5, rtol=1e-5)

@@ -24,6 +24,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _portable(value, to_numpy: bool):
+    """Tensors <-> numpy arrays through nested tuples/lists/dicts: results cross the process
+    boundary as plain pickles (torch's shared-memory handles die with the rank)."""
+    import numpy as np
+
+    if to_numpy and isinstance(value, torch.Tensor):
+        return ("__tensor__", value.detach().cpu().numpy().copy())
+    if not to_numpy and isinstance(value, tuple) and len(value) == 2 and \
+            value[0] == "__tensor__" and isinstance(value[1], np.ndarray):
+        return torch.from_numpy(value[1])
+    if isinstance(value, dict):
+        return {k: _portable(v, to_numpy) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_portable(v, to_numpy) for v in value)
+    return value
+
+
 def _child(rank: int, world: int, port: int, backend: str, timeout_s: float, fn, args, queue):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -32,7 +49,7 @@ def _child(rank: int, world: int, port: int, backend: str, timeout_s: float, fn,
                             timeout=datetime.timedelta(seconds=timeout_s))
     try:
         result = fn(rank, world, *args)
-        queue.put((rank, "ok", result))
+        queue.put((rank, "ok", _portable(result, True)))
     except Exception as exc:  # reported to the caller with the rank
         queue.put((rank, "error", f"{type(exc).__name__}: {exc}"))
         raise
@@ -66,7 +83,7 @@ def run_ranks(fn: Callable, world_size: int, *args, backend: str | None = None,
             errors.append("a rank stopped without reporting (killed or crashed)")
             break
         if status == "ok":
-            results[rank] = value
+            results[rank] = _portable(value, False)
         else:
             errors.append(f"rank {rank}: {value}")
     for p in procs:
