@@ -105,9 +105,13 @@ def _generate_any(pipe, kind):
     return np.asarray(out.frames if kind == "wan" else out.images)
 
 
+CACHE = dict(threshold=0.3, order=1, warmup_steps=1, max_consecutive_skips=2)
+
+
 def _ulysses_rank(rank, world, folders):
     import diffusers
 
+    from studio.engine.caching import StepCacheConfig, apply_step_cache
     from studio.engine.parallel.sequence import apply_sequence_parallel
 
     out = {}
@@ -118,11 +122,16 @@ def _ulysses_rank(rank, world, folders):
         apply_sequence_parallel(pipe.transformer, ParallelConfig(ulysses_degree=2))
         with torch.inference_mode():
             out[kind] = _generate_any(pipe, kind)
+            stats = apply_step_cache(pipe.transformer, StepCacheConfig(**CACHE))
+            out[kind + "-cached"] = _generate_any(pipe, kind)
+            out[kind + "-decisions"] = [d[3] for d in stats.decisions]
     return out
 
 
 def test_ulysses_on_two_ranks_matches_one_process(tiny_models):
     import diffusers
+
+    from studio.engine.caching import StepCacheConfig, apply_step_cache
 
     folders = {"wan": str(tiny_models["wan-t2v"]), "flux": str(tiny_models["flux"])}
     want = {}
@@ -132,9 +141,16 @@ def test_ulysses_on_two_ranks_matches_one_process(tiny_models):
         pipe.set_progress_bar_config(disable=True)
         with torch.inference_mode():
             want[kind] = _generate_any(pipe, kind)
-    for result in run_ranks(_ulysses_rank, 2, folders, timeout_s=60):
+            stats = apply_step_cache(pipe.transformer, StepCacheConfig(**CACHE))
+            want[kind + "-cached"] = _generate_any(pipe, kind)
+            want[kind + "-decisions"] = [d[3] for d in stats.decisions]
+    results = run_ranks(_ulysses_rank, 2, folders, timeout_s=60)
+    for result in results:
         for kind in folders:
             assert np.abs(result[kind] - want[kind]).max() <= 1e-5
+            # parallel + cache = cache alone: the same decisions on every rank
+            assert result[kind + "-decisions"] == want[kind + "-decisions"]
+            assert np.abs(result[kind + "-cached"] - want[kind + "-cached"]).max() <= 1e-5
 
 
 def test_sequence_parallel_refuses_models_without_a_plan_or_bad_heads():

@@ -167,12 +167,30 @@ def _join(like, meta: TransformerBlockMetadata, hidden, encoder):
     return hidden
 
 
-def _rel_l1(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Largest over batch items of mean|a - b| / mean|a|."""
+def _local_shard(full: torch.Tensor, shard: torch.Tensor, group) -> torch.Tensor:
+    """This rank's equal chunk of ``full`` along the one dimension where ``shard`` is
+    smaller (how diffusers' context-parallel plans split a sequence)."""
+    import torch.distributed as dist
+
+    dims = [d for d in range(full.dim()) if full.shape[d] != shard.shape[d]]
+    if len(dims) != 1:
+        raise ValueError(f"step cache: cannot match input {tuple(full.shape)} to the sharded "
+                         f"output {tuple(shard.shape)}")
+    return full.chunk(dist.get_world_size(group), dim=dims[0])[dist.get_rank(group)]
+
+
+def _rel_l1(a: torch.Tensor, b: torch.Tensor, group=None) -> float:
+    """Largest over batch items of sum|a - b| / sum|a|. With a process ``group`` (sequence
+    parallelism: each rank holds a shard of the tokens) the sums are all-reduced first, so
+    every rank gets the same number and takes the same decision."""
     dims = tuple(range(1, a.ndim))
-    num = (a.float() - b.float()).abs().mean(dim=dims)
-    den = a.float().abs().mean(dim=dims).clamp_min(1e-12)
-    return float((num / den).max())
+    sums = torch.stack([(a.float() - b.float()).abs().sum(dim=dims),
+                        a.float().abs().sum(dim=dims)])
+    if group is not None:
+        import torch.distributed as dist
+
+        dist.all_reduce(sums, group=group)
+    return float((sums[0] / sums[1].clamp_min(1e-12)).max())
 
 
 class _RootHook(ModelHook):
@@ -229,10 +247,11 @@ class _ProbeHook(ModelHook):
     _is_stateful = True
 
     def __init__(self, state: StateManager, config: StepCacheConfig,
-                 segment_has_deep_blocks: bool = True):
+                 segment_has_deep_blocks: bool = True, group=None):
         super().__init__()
         self.state_manager = state
         self.config = config
+        self.group = group  # sequence-parallel group: decide on the whole sequence
         self.segment_has_deep_blocks = segment_has_deep_blocks
         self.meta: TransformerBlockMetadata | None = None
 
@@ -246,6 +265,8 @@ class _ProbeHook(ModelHook):
         output = self.fn_ref.original_forward(*args, **kwargs)
         hidden, encoder = _split(output, meta)
         state: _TrajectoryState = self.state_manager.get_state()
+        if x.shape != hidden.shape and self.group is not None:
+            x = _local_shard(x, hidden, self.group)  # split inside the block (Wan's CP plan)
         residual = hidden - x
         state.compute = self._decide(state, residual)
         if state.compute:
@@ -271,7 +292,7 @@ class _ProbeHook(ModelHook):
             state.reset()
             return self._full(state)
         predicted = _forecast_list(state.times, state.probe_residuals, state.timestep, cfg.order)
-        state.accumulated += _rel_l1(residual, predicted)
+        state.accumulated += _rel_l1(residual, predicted, self.group)
         if state.accumulated > cfg.threshold:
             return self._full(state)
         state.consecutive_skips += 1
@@ -428,8 +449,10 @@ def apply_step_cache(transformer: torch.nn.Module, config: StepCacheConfig) -> S
     stats = StepCacheStats()
     reg = HookRegistry.check_if_exists_or_initialize
     reg(transformer).register_hook(_RootHook(state, stats), _ROOT_HOOK)
+    group = getattr(transformer, "_studio_sequence_group", None)
     reg(segments[0][0]).register_hook(
-        _ProbeHook(state, config, segment_has_deep_blocks=len(segments[0]) > 1), _PROBE_HOOK)
+        _ProbeHook(state, config, segment_has_deep_blocks=len(segments[0]) > 1, group=group),
+        _PROBE_HOOK)
     for k, segment in enumerate(segments):
         for i, block in enumerate(segment):
             if k == 0 and i == 0:

@@ -48,3 +48,7 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
                                ring_degree=config.ring_degree or None)
     with _cpu_ranks():
         transformer.enable_parallelism(config=cp)
+    # the step cache all-reduces its decision signal over this group (rank-consistent)
+    import torch.distributed as dist
+
+    transformer._studio_sequence_group = dist.group.WORLD
