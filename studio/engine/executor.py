@@ -144,6 +144,8 @@ class JobExecutor:
         self.memory_budget_bytes = int(memory_budget_bytes)
         self.loaded: OrderedDict[str, FamilyRunner] = OrderedDict()
         self.load_count = 0
+        # called with each newly loaded runner (a rank applies its parallel plan here)
+        self.on_runner_loaded: Callable[[FamilyRunner], None] | None = None
         _quiet_libraries()
 
     # -- memory -----------------------------------------------------------------------------
@@ -223,6 +225,8 @@ class JobExecutor:
             for module in runner.denoisers():
                 note = apply_precision(module, precision, self.device)
             runner.precision_notes = [note]
+        if self.on_runner_loaded is not None:
+            self.on_runner_loaded(runner)
         self.load_count += 1
         self.loaded[key] = runner
         return runner, time.perf_counter() - t0

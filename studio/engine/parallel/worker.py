@@ -1,0 +1,231 @@
+"""A worker that runs every job on a long-lived group of ranks (one job split over devices).
+
+The engine talks to :class:`RankGroupWorker` like to any worker. The worker spawns
+``parallel.world_size`` processes on this machine (rendezvous on 127.0.0.1 only; NCCL on
+GPUs, gloo on the CPU, collectives time out after ``timeout_s``), each with its own executor
+on its own device; each job goes to every rank, every rank runs it with the same seed and the
+parallel plan applied to its denoiser (CFG parallel and/or Ulysses), and rank 0 reports the
+events. The group stays up between jobs (models stay loaded). If a rank dies, the running job
+fails with a clear message within the collective timeout, the group is torn down, and the
+next job gets a new group. Cancelling a running job tears the group down too (ranks cannot
+stop at different steps without a collective hanging), so the next job starts a fresh group.
+
+Nothing changes in the parent's environment: the rendezvous variables are set in the ranks.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import threading
+from dataclasses import replace
+
+from studio.engine import events as ev
+from studio.engine.parallel.config import ParallelConfig, ParallelConfigError
+from studio.engine.worker import EventFn, Worker, WorkerConfig
+
+
+def apply_parallel_plan(runner, parallel: ParallelConfig) -> None:
+    """Applies ``parallel`` to a freshly loaded runner's denoisers (on every rank)."""
+    from studio.engine.parallel.cfg import apply_cfg_parallel
+    from studio.engine.parallel.sequence import apply_sequence_parallel
+
+    for module in runner.denoisers():
+        if parallel.sequence_degree > 1:
+            apply_sequence_parallel(module, parallel)
+        if parallel.cfg_degree == 2:
+            apply_cfg_parallel(module)
+
+
+def _rank_main(rank, world, port, backend, timeout_s, config, parallel, jobs, events):
+    import torch
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    if not torch.cuda.is_available():
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    device = f"cuda:{rank}" if torch.cuda.is_available() else "cpu"
+    executor = replace(config, device=device).build_executor()
+    executor.on_runner_loaded = lambda runner: apply_parallel_plan(runner, parallel)
+    events.put(("ready", rank))
+
+    def emit(event):
+        if rank == 0:
+            events.put(("event", event))
+
+    try:
+        while True:
+            job = jobs.get()
+            if job is None:
+                break
+            executor.execute(job, emit, lambda: False)
+    finally:
+        dist.destroy_process_group()
+
+
+def _died(dead: list[int]) -> str:
+    ranks = ", ".join(str(i) for i in dead)
+    return (f"rank {ranks} of the parallel group stopped during the job; the group is "
+            f"restarted for the next job")
+
+
+class RankGroupWorker(Worker):
+    """Runs each job on ``parallel.world_size`` ranks (see the module docstring).
+
+    Args:
+        config: the executor configuration every rank builds (its device is set per rank).
+        parallel: the degrees; CFG parallel (2 ranks) or Ulysses (N ranks), not both yet.
+        timeout_s: collective timeout; a dead rank fails the job within about this long.
+
+    Raises:
+        ParallelConfigError: a combination this worker does not run yet.
+    """
+
+    def __init__(self, config: WorkerConfig | None = None,
+                 parallel: ParallelConfig | None = None, *, timeout_s: float = 30.0):
+        import multiprocessing as mp
+
+        self.config = config or WorkerConfig()
+        self.parallel = parallel or ParallelConfig(cfg_degree=2)
+        if self.parallel.replicas != 1 or self.parallel.ring_degree != 1 or (
+                self.parallel.cfg_degree == 2 and self.parallel.ulysses_degree > 1):
+            raise ParallelConfigError("rank group: runs CFG parallel (2 ranks) or Ulysses "
+                                      "alone; ring, replicas and combinations are not yet "
+                                      "supported here (use Engine.for_devices for replicas)")
+        self.timeout_s = timeout_s
+        self._ctx = mp.get_context("spawn")
+        self._procs: list | None = None
+        self._jobs: list | None = None
+        self._events = None
+        self._on_event: EventFn | None = None
+        self._running: str | None = None
+        self._lock = threading.Lock()
+        self._closing = False
+
+    @property
+    def pids(self) -> list[int]:
+        """The ranks' process ids (empty when no group is up)."""
+        return [p.pid for p in self._procs] if self._procs else []
+
+    def start(self, on_event: EventFn) -> None:
+        self._on_event = on_event
+
+    def _spawn(self) -> None:
+        import torch
+
+        from studio.engine.parallel.launch import free_port
+
+        world = self.parallel.world_size
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        port = free_port()
+        self._jobs = [self._ctx.Queue() for _ in range(world)]
+        self._events = self._ctx.Queue()
+        self._procs = [self._ctx.Process(
+            target=_rank_main, name=f"studio-rank-{r}", daemon=True,
+            args=(r, world, port, backend, self.timeout_s, self.config, self.parallel,
+                  self._jobs[r], self._events)) for r in range(world)]
+        for p in self._procs:
+            p.start()
+        threading.Thread(target=self._read, args=(self._procs, self._events),
+                         name="studio-ranks-reader", daemon=True).start()
+
+    def _read(self, procs, events) -> None:
+        while True:
+            try:
+                kind, payload = events.get(timeout=0.2)
+            except queue.Empty:
+                dead = [i for i, p in enumerate(procs) if not p.is_alive()]
+                if dead:
+                    self._group_died(procs, dead)
+                    return
+                continue
+            except (EOFError, OSError):
+                self._group_died(procs, list(range(len(procs))))
+                return
+            if kind != "event":
+                continue
+            if payload.terminal:
+                dead = self._dead_ranks(procs, wait_s=1.0 if isinstance(payload, ev.Failed)
+                                        else 0.0)
+                if dead:  # the job failed because a rank died: say so, restart the group
+                    self._teardown(procs)
+                    payload = ev.Failed(payload.job_id, ev.WORKER_DIED, _died(dead))
+                with self._lock:
+                    if self._running == payload.job_id:
+                        self._running = None
+                if self._on_event is not None:
+                    self._on_event(payload)
+                if dead:
+                    return
+                continue
+            if self._on_event is not None:
+                self._on_event(payload)
+
+    @staticmethod
+    def _dead_ranks(procs, wait_s: float = 0.0) -> list[int]:
+        """Ranks whose process has exited (waiting up to ``wait_s`` for one to)."""
+        import time
+
+        deadline = time.monotonic() + wait_s
+        while True:
+            dead = [i for i, p in enumerate(procs) if not p.is_alive()]
+            if dead or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.05)
+
+    def _teardown(self, procs) -> None:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=5)
+        with self._lock:
+            if self._procs is procs:
+                self._procs = self._jobs = self._events = None
+
+    def _group_died(self, procs, dead: list[int]) -> None:
+        self._teardown(procs)
+        with self._lock:
+            running, self._running = self._running, None
+        if running is not None and not self._closing and self._on_event is not None:
+            self._on_event(ev.Failed(running, ev.WORKER_DIED, _died(dead)))
+
+    def run(self, job) -> None:
+        with self._lock:
+            procs = self._procs
+        if procs is not None and self._dead_ranks(procs):
+            self._teardown(procs)
+        with self._lock:
+            if self._procs is None:
+                self._spawn()
+            self._running = job.job_id
+            jobs = self._jobs
+        for q in jobs:
+            q.put(job)
+
+    def cancel(self, job_id: str) -> None:
+        with self._lock:
+            running = self._running == job_id
+            procs = self._procs
+            if running:
+                self._running = None
+        if running and procs is not None:
+            self._teardown(procs)
+            if self._on_event is not None:
+                self._on_event(ev.Cancelled(job_id, 0))
+
+    def close(self) -> None:
+        self._closing = True
+        with self._lock:
+            procs, jobs = self._procs, self._jobs
+        if procs is None:
+            return
+        for q in jobs:
+            q.put(None)
+        for p in procs:
+            p.join(timeout=10)
+        self._teardown(procs)

@@ -1,0 +1,66 @@
+"""The engine over a long-lived group of 2 CPU ranks (gloo): a CFG-parallel job gives the
+single-process pixels, the group stays up between jobs, and a killed rank fails the running
+job within the collective timeout while the next job runs on a new group."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import numpy as np
+import torch
+
+from studio.core.request import GenerationRequest
+from studio.engine import events as ev
+from studio.engine.api import Engine
+from studio.engine.executor import JobExecutor
+from studio.engine.job import Job
+from studio.engine.models.registry import ModelRegistry
+from studio.engine.parallel import ParallelConfig
+from studio.engine.parallel.worker import RankGroupWorker
+from studio.engine.worker import WorkerConfig
+
+
+def request(model, **kw):
+    base = dict(mode="t2v", model=str(model), prompt="a red circle", seed=3, steps=4,
+                guidance_scale=4.0, width=32, height=32, num_frames=5)
+    base.update(kw)
+    return GenerationRequest(**base)
+
+
+def test_rank_group_runs_jobs_and_survives_a_dead_rank(tiny_models):
+    model = tiny_models["wan-t2v"]
+    single = JobExecutor(ModelRegistry(include_hf_cache=False), torch.device("cpu")).execute(
+        Job("ref", request(model)), lambda e: None, lambda: False)
+    worker = RankGroupWorker(WorkerConfig(include_hf_cache=False),
+                             ParallelConfig(cfg_degree=2), timeout_s=10)
+
+    async def main():
+        async with Engine(worker) as engine:
+            first = await engine.wait(engine.submit(request(model)))
+            pids = worker.pids
+            second = await engine.wait(engine.submit(request(model, seed=4)))
+            same_group = worker.pids == pids
+            stream = engine.events()
+            slow = engine.submit(request(model, steps=150, width=64, height=64))
+            async for event in stream:
+                if isinstance(event, ev.Progress) and event.job_id == slow:
+                    break
+            killed_at = time.monotonic()
+            os.kill(worker.pids[1], signal.SIGKILL)
+            failed = await engine.wait(slow)
+            took = time.monotonic() - killed_at
+            after = await engine.wait(engine.submit(request(model)))
+            return first, second, same_group, failed, took, after, pids, worker.pids
+
+    first, second, same_group, failed, took, after, pids, new_pids = asyncio.run(
+        asyncio.wait_for(main(), timeout=300))
+    assert isinstance(first, ev.Finished), first
+    assert np.array_equal(first.frames, single.frames)  # CFG parallel = one process
+    assert isinstance(second, ev.Finished) and same_group  # the group stayed up
+    assert isinstance(failed, ev.Failed) and failed.kind == ev.WORKER_DIED, failed
+    assert "rank 1" in failed.message and took < 60
+    assert isinstance(after, ev.Finished) and new_pids and new_pids != pids
+    assert np.array_equal(after.frames, single.frames)
