@@ -32,7 +32,8 @@ def _portable(value, to_numpy: bool):
     if to_numpy and isinstance(value, torch.Tensor):
         return ("__tensor__", value.detach().cpu().numpy().copy())
     if not to_numpy and isinstance(value, tuple) and len(value) == 2 and \
-            value[0] == "__tensor__" and isinstance(value[1], np.ndarray):
+            isinstance(value[0], str) and value[0] == "__tensor__" and \
+            isinstance(value[1], np.ndarray):
         return torch.from_numpy(value[1])
     if isinstance(value, dict):
         return {k: _portable(v, to_numpy) for k, v in value.items()}
