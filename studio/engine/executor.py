@@ -63,6 +63,10 @@ def runner_class(family: str) -> type[FamilyRunner]:
         from studio.engine.pipelines.flux2 import Flux2Runner
 
         return Flux2Runner
+    if family == "hidream":
+        from studio.engine.pipelines.hidream import HiDreamRunner
+
+        return HiDreamRunner
     raise ModelError(f"no runner for model family {family!r}")
 
 

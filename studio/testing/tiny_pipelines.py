@@ -181,12 +181,12 @@ def _tiny_kl_vae(latent_channels: int = 4, **extra):
                          norm_num_groups=4, **extra).eval()
 
 
-def _clip_text(tokenizer, hidden: int = 32, projection: bool = False):
+def _clip_text(tokenizer, hidden: int = 32, projection: bool = False, positions: int = 77):
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     cfg = CLIPTextConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=37,
                          num_hidden_layers=2, num_attention_heads=4, projection_dim=hidden,
-                         max_position_embeddings=77, eos_token_id=1, pad_token_id=0,
+                         max_position_embeddings=positions, eos_token_id=1, pad_token_id=0,
                          bos_token_id=1)
     cls = CLIPTextModelWithProjection if projection else CLIPTextModel
     return cls(cfg).eval()
@@ -390,6 +390,44 @@ def build_tiny_flux2(folder: str | os.PathLike[str], *, seed: int = 0) -> Path:
     pipe = diffusers.Flux2Pipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(),
                                    vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                                    transformer=transformer)
+    out = Path(folder)
+    pipe.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def build_tiny_hidream(folder: str | os.PathLike[str], *, seed: int = 0) -> Path:
+    """Builds and saves a tiny HiDream-I1 pipeline (``HiDreamImagePipeline``) with random
+    weights: two CLIP encoders with projection, T5, a two-layer Llama (its layers 0 and 1 feed
+    the transformer), an ``AutoencoderKL`` and a ``HiDreamImageTransformer2DModel`` of two
+    double- and two single-stream blocks with 4 routed experts."""
+    import diffusers
+    from transformers import LlamaConfig, LlamaForCausalLM, T5Config, T5EncoderModel
+
+    torch.manual_seed(seed)
+    tokenizer = make_word_tokenizer(77)
+    tokenizer_3, tokenizer_4 = make_word_tokenizer(128), make_word_tokenizer(128)
+    t5 = T5EncoderModel(T5Config(vocab_size=len(tokenizer_3), d_model=32, d_kv=8, d_ff=37,
+                                 num_layers=2, num_heads=4, relative_attention_num_buckets=8,
+                                 dropout_rate=0.0)).eval()
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer_4), hidden_size=32,
+                                         intermediate_size=37, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=256)).eval()
+    transformer = diffusers.HiDreamImageTransformer2DModel(
+        patch_size=2, in_channels=4, out_channels=4, num_layers=2, num_single_layers=2,
+        attention_head_dim=8, num_attention_heads=4, caption_channels=[32, 32],
+        text_emb_dim=64, num_routed_experts=4, num_activated_experts=2,
+        axes_dims_rope=(4, 2, 2), max_resolution=(32, 32), llama_layers=(0, 1, 1, 1)).eval()
+    pipe = diffusers.HiDreamImagePipeline(
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(),
+        vae=_tiny_kl_vae(4, scaling_factor=0.3611, shift_factor=0.1159),
+        # HiDream's CLIP encoders take up to 218 tokens (long-context CLIP)
+        text_encoder=_clip_text(tokenizer, projection=True, positions=248),
+        tokenizer=tokenizer,
+        text_encoder_2=_clip_text(tokenizer, projection=True, positions=248),
+        tokenizer_2=tokenizer, text_encoder_3=t5, tokenizer_3=tokenizer_3,
+        text_encoder_4=llama,
+        tokenizer_4=tokenizer_4, transformer=transformer)
     out = Path(folder)
     pipe.save_pretrained(out, safe_serialization=True)
     return out

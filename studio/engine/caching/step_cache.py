@@ -146,6 +146,14 @@ def _metadata(block: torch.nn.Module) -> TransformerBlockMetadata:
     return meta
 
 
+def _learn_format(meta: TransformerBlockMetadata, output) -> None:
+    """A block unknown to diffusers' registry that returned (hidden, encoder) on a full step
+    (HiDream's double-stream blocks): from now on its passthrough returns that pair too."""
+    if getattr(meta, "_takes_encoder", None) and isinstance(output, tuple) and \
+            len(output) == 2 and meta.return_encoder_hidden_states_index is None:
+        meta.return_encoder_hidden_states_index = 1
+
+
 def _split(output, meta: TransformerBlockMetadata):
     """A block output -> (hidden_states, encoder_hidden_states or None)."""
     if isinstance(output, tuple):
@@ -206,11 +214,14 @@ class _RootHook(ModelHook):
 
     def initialize_hook(self, module):
         params = list(inspect.signature(type(module).forward).parameters)[1:]
-        self._timestep_index = params.index("timestep") if "timestep" in params else None
+        # "timestep" in most families; HiDream calls it "timesteps"
+        self._timestep_name = next((n for n in ("timestep", "timesteps") if n in params), None)
+        self._timestep_index = (params.index(self._timestep_name)
+                                if self._timestep_name else None)
         return module
 
     def new_forward(self, module, *args, **kwargs):
-        timestep = kwargs.get("timestep")
+        timestep = kwargs.get(self._timestep_name or "timestep")
         if timestep is None and self._timestep_index is not None and \
                 self._timestep_index < len(args):
             timestep = args[self._timestep_index]
@@ -263,6 +274,7 @@ class _ProbeHook(ModelHook):
         meta = self.meta
         x = meta._get_parameter_from_args_kwargs(meta.hidden_states_argument_name, args, kwargs)
         output = self.fn_ref.original_forward(*args, **kwargs)
+        _learn_format(meta, output)
         hidden, encoder = _split(output, meta)
         state: _TrajectoryState = self.state_manager.get_state()
         if x.shape != hidden.shape and self.group is not None:
@@ -368,9 +380,10 @@ class _DeepBlockHook(ModelHook):
                 if encoder is not None and enc_res is not None:
                     encoder = encoder + enc_res
             return _join(None, meta, hidden, encoder)
+        output = self.fn_ref.original_forward(*args, **kwargs)
+        _learn_format(meta, output)
         if self.starts:
             state.segment_inputs[self.segment] = _inputs(meta, args, kwargs)
-        output = self.fn_ref.original_forward(*args, **kwargs)
         if self.ends:
             self._record(state, output)
         return output

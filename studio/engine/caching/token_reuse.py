@@ -146,11 +146,14 @@ class _RootHook(ModelHook):
 
     def initialize_hook(self, module):
         params = list(inspect.signature(type(module).forward).parameters)[1:]
-        self._timestep_index = params.index("timestep") if "timestep" in params else None
+        # "timestep" in most families; HiDream calls it "timesteps"
+        self._timestep_name = next((n for n in ("timestep", "timesteps") if n in params), None)
+        self._timestep_index = (params.index(self._timestep_name)
+                                if self._timestep_name else None)
         return module
 
     def new_forward(self, module, *args, **kwargs):
-        timestep = kwargs.get("timestep")
+        timestep = kwargs.get(self._timestep_name or "timestep")
         if timestep is None and self._timestep_index is not None and \
                 self._timestep_index < len(args):
             timestep = args[self._timestep_index]

@@ -28,11 +28,12 @@ PIPELINE_FAMILIES = {
     "QwenImageImg2ImgPipeline": "qwen-image",
     "QwenImageInpaintPipeline": "qwen-image",
     "Flux2Pipeline": "flux2",
+    "HiDreamImagePipeline": "hidream",
     "LTXPipeline": "ltx",
     "LTXImageToVideoPipeline": "ltx",
 }
-SUPPORTED_FAMILIES = ("wan", "wan-vace", "flux", "flux2", "sd", "sdxl", "sd3", "ltx",
-                      "qwen-image")
+SUPPORTED_FAMILIES = ("wan", "wan-vace", "flux", "flux2", "hidream", "sd", "sdxl", "sd3",
+                      "ltx", "qwen-image")
 
 
 def family_of(pipeline_class: str) -> str:
@@ -165,6 +166,20 @@ def _flux2_caps(folder: Path, index: dict, name: str) -> ModelCapabilities:
         default_guidance=4.0, guidance_range=(0.0, 20.0))
 
 
+def _hidream_caps(folder: Path, index: dict, name: str) -> ModelCapabilities:
+    vae = read_json(folder / "vae" / "config.json", name)
+    tr = read_json(folder / "transformer" / "config.json", name)
+    multiple = 2 ** (len(vae.get("block_out_channels", [0, 0, 0, 0])) - 1) * int(
+        tr.get("patch_size", 2))
+    big = int(tr.get("num_single_layers", 1)) >= 20
+    return ModelCapabilities(
+        name=name, family="hidream", modes=frozenset({"t2i"}), spatial_multiple=multiple,
+        min_size=multiple, max_size=2048 if big else 256,
+        max_pixels=2048 * 2048 if big else 256 * 256, default_width=1024 if big else 64,
+        default_height=1024 if big else 64, default_steps=50 if big else 8,
+        default_guidance=5.0, guidance_range=(1.0, 20.0))
+
+
 def capabilities_for(family: str, folder: Path, index: dict, *, name: str,
                      extra: dict | None = None) -> ModelCapabilities:
     """Reads a folder's configs (and its optional ``studio.json``, ``extra``) into
@@ -185,6 +200,8 @@ def capabilities_for(family: str, folder: Path, index: dict, *, name: str,
         return _qwen_caps(folder, index, name)
     if family == "flux2":
         return _flux2_caps(folder, index, name)
+    if family == "hidream":
+        return _hidream_caps(folder, index, name)
     cls = index.get("_class_name", "?")
     raise ModelError(f"pipeline {cls} is not supported yet (supported families: "
                      f"{', '.join(SUPPORTED_FAMILIES)})")
