@@ -428,6 +428,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    # SIGTERM (a session ending, `kill`): finish the step, save a checkpoint, exit
+    import signal
+
+    stop = {"asked": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("asked", True))
     out = Path(args.out)
     device = device_default()
     if args.stage == "vae":
@@ -436,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
                              seed=args.seed, checkpoint_every_s=args.checkpoint_every,
                              log_every=10)
         state = train(task, out / "vae", config, max_steps=args.steps,
-                      max_minutes=args.minutes,
+                      max_minutes=args.minutes, should_stop=lambda: stop["asked"],
                       on_log=lambda line: print(f"[vae] {line}", file=sys.stderr, flush=True))
         print(json.dumps({"step": state["step"], **task.evaluate()}))
         return 0
@@ -447,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
                              seed=args.seed, checkpoint_every_s=args.checkpoint_every,
                              log_every=20, weight_decay=0.0)
         state = train(task, out / "dit", config, max_steps=args.steps, max_minutes=args.minutes,
-                      after_step=task.update_ema,
+                      after_step=task.update_ema, should_stop=lambda: stop["asked"],
                       on_log=lambda line: print(f"[dit] {line}", file=sys.stderr, flush=True))
         print(json.dumps({"step": state["step"]}))
         return 0

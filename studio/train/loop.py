@@ -121,10 +121,13 @@ def load_checkpoint(out_dir: Path, task: TrainTask,
 def train(task: TrainTask, out_dir: str | os.PathLike[str], config: TrainConfig, *,
           max_steps: int | None = None, max_minutes: float | None = None,
           on_log: Callable[[dict[str, Any]], None] | None = None,
-          after_step: Callable[[], None] | None = None) -> dict[str, Any]:
+          after_step: Callable[[], None] | None = None,
+          should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
     """Trains until ``max_steps`` (total, including resumed ones) or ``max_minutes`` (this
     sitting) or ``config.total_steps``; resumes from ``out_dir/checkpoint`` if present.
-    ``after_step`` runs after each optimiser step (e.g. an EMA update).
+    ``after_step`` runs after each optimiser step (e.g. an EMA update). ``should_stop`` is
+    asked before each step (e.g. a SIGTERM flag): when true, the loop saves a checkpoint and
+    returns.
 
     Returns:
         The final state (step, elapsed_s, last metrics).
@@ -150,6 +153,8 @@ def train(task: TrainTask, out_dir: str | os.PathLike[str], config: TrainConfig,
     acc: dict[str, list[float]] = {}
     while state["step"] < stop_step:
         if max_minutes is not None and time.monotonic() - t0 > max_minutes * 60:
+            break
+        if should_stop is not None and should_stop():
             break
         step = state["step"]
         rng = np.random.default_rng([config.seed, step])

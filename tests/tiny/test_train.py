@@ -84,6 +84,17 @@ def test_latent_pool_batches_are_latents_of_every_kind():
     assert len(pool.images) == 70 and len(pool.clips) == 18  # grew to the cap, then replaced
 
 
+def test_stop_request_saves_a_checkpoint(tmp_path):
+    config = TrainConfig(lr=1e-3, warmup_steps=2, total_steps=50, seed=0, log_every=1,
+                         checkpoint_every_s=1e9)
+    task = VaeTask(torch.device("cpu"), image_batch=2, clip_batch=1)
+    asked = iter([False, False, False, True])
+    state = train(task, tmp_path, config, should_stop=lambda: next(asked))
+    assert state["step"] == 3
+    saved = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    assert saved["step"] == 3
+
+
 def test_anonymise_removes_colour_and_shape():
     assert anonymise("a small red star in the top left corner on a grass background") == \
         "a small object in the top left corner on a grass background"
