@@ -201,6 +201,23 @@ def _rel_l1(a: torch.Tensor, b: torch.Tensor, group=None) -> float:
     return float((sums[0] / sums[1].clamp_min(1e-12)).max())
 
 
+class TimestepReader:
+    """Reads a denoiser call's timestep as one float (the largest value of a per-token
+    timestep tensor), from its keyword or position; "timestep" in most families, HiDream
+    calls it "timesteps". None when the call has none."""
+
+    def __init__(self, module: torch.nn.Module):
+        params = list(inspect.signature(type(module).forward).parameters)[1:]
+        self.name = next((n for n in ("timestep", "timesteps") if n in params), None)
+        self.index = params.index(self.name) if self.name else None
+
+    def __call__(self, args, kwargs) -> float | None:
+        value = kwargs.get(self.name or "timestep")
+        if value is None and self.index is not None and self.index < len(args):
+            value = args[self.index]
+        return float(torch.as_tensor(value).float().max()) if value is not None else None
+
+
 class _RootHook(ModelHook):
     """On the transformer: reads the timestep, gives context-less calls a context, counts."""
 
@@ -210,27 +227,18 @@ class _RootHook(ModelHook):
         super().__init__()
         self.state_manager = state
         self.stats = stats
-        self._timestep_index: int | None = None
 
     def initialize_hook(self, module):
-        params = list(inspect.signature(type(module).forward).parameters)[1:]
-        # "timestep" in most families; HiDream calls it "timesteps"
-        self._timestep_name = next((n for n in ("timestep", "timesteps") if n in params), None)
-        self._timestep_index = (params.index(self._timestep_name)
-                                if self._timestep_name else None)
+        self._timestep = TimestepReader(module)
         return module
 
     def new_forward(self, module, *args, **kwargs):
-        timestep = kwargs.get(self._timestep_name or "timestep")
-        if timestep is None and self._timestep_index is not None and \
-                self._timestep_index < len(args):
-            timestep = args[self._timestep_index]
+        t = self._timestep(args, kwargs)
         own_context = self.state_manager._context is None
         if own_context:
             self.state_manager.set_context(CacheContext(_DEFAULT_CONTEXT))
         try:
             state: _TrajectoryState = self.state_manager.get_state()
-            t = float(torch.as_tensor(timestep).float().max()) if timestep is not None else None
             if t is None or (state.last_timestep is not None and t >= state.last_timestep):
                 state.reset()  # a new trajectory (or no timestep to forecast in)
             state.timestep = t

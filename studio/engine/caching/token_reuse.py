@@ -22,14 +22,13 @@ text K/V case is diffusers' TextKVCache idea; the change-since-reference bound i
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import BaseState, CacheContext, StateManager
 
-from studio.engine.caching.step_cache import transformer_blocks
+from studio.engine.caching.step_cache import TimestepReader, transformer_blocks
 
 _ROOT = "studio_token_reuse_root"
 _LINEAR = "studio_token_reuse_linear"
@@ -142,27 +141,18 @@ class _RootHook(ModelHook):
         self.state_manager = manager
         self.linears = linears
         self.last_timestep: dict[str, float] = {}
-        self._timestep_index: int | None = None
 
     def initialize_hook(self, module):
-        params = list(inspect.signature(type(module).forward).parameters)[1:]
-        # "timestep" in most families; HiDream calls it "timesteps"
-        self._timestep_name = next((n for n in ("timestep", "timesteps") if n in params), None)
-        self._timestep_index = (params.index(self._timestep_name)
-                                if self._timestep_name else None)
+        self._timestep = TimestepReader(module)
         return module
 
     def new_forward(self, module, *args, **kwargs):
-        timestep = kwargs.get(self._timestep_name or "timestep")
-        if timestep is None and self._timestep_index is not None and \
-                self._timestep_index < len(args):
-            timestep = args[self._timestep_index]
+        t = self._timestep(args, kwargs)
         own = self.state_manager._context is None
         if own:
             self.state_manager.set_context(CacheContext(_DEFAULT_CONTEXT))
         try:
             name = self.state_manager._context.name
-            t = float(torch.as_tensor(timestep).float().max()) if timestep is not None else None
             last = self.last_timestep.get(name)
             if t is None or (last is not None and t >= last):
                 self._reset_context()

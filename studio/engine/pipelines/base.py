@@ -205,6 +205,18 @@ class FamilyRunner:
             on_step: StepFn) -> RunOutput:
         raise NotImplementedError
 
+    def kl_latent_preview(self) -> LatentPreview:
+        """The step preview for a 2-D ``AutoencoderKL`` latent space (B, C, h, w) scaled by
+        the VAE's ``scaling_factor`` and ``shift_factor`` (Flux, SD, SD3, HiDream)."""
+        vae = self.base.vae
+        scale, shift = vae.config.scaling_factor, vae.config.shift_factor or 0.0
+
+        def decode(z: torch.Tensor) -> torch.Tensor:
+            return vae.decode(z / scale + shift, return_dict=False)[0]
+
+        return LatentPreview.fit(decode, (int(vae.config.latent_channels), 4, 4),
+                                 self.vae_scale_factor, device=self.device, dtype=vae.dtype)
+
     def denoisers(self) -> list[torch.nn.Module]:
         """The denoiser modules the optimization levers apply to (transformer, and
         transformer_2 for two-expert models)."""

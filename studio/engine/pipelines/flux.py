@@ -23,7 +23,6 @@ from studio.engine.pipelines.base import (
     make_callback,
     to_pil,
 )
-from studio.engine.preview import LatentPreview
 
 
 class FluxRunner(FamilyRunner):
@@ -38,17 +37,7 @@ class FluxRunner(FamilyRunner):
         self.pipes = {"t2i": base, "i2i": derive_pipeline(FluxImg2ImgPipeline, base)}
         self.base = base
         self.vae_scale_factor = base.vae_scale_factor
-        self.preview = self._fit_preview()
-
-    def _fit_preview(self) -> LatentPreview:
-        vae = self.base.vae
-        scale, shift = vae.config.scaling_factor, vae.config.shift_factor or 0.0
-
-        def decode(z: torch.Tensor) -> torch.Tensor:
-            return vae.decode(z / scale + shift, return_dict=False)[0]
-
-        return LatentPreview.fit(decode, (int(vae.config.latent_channels), 4, 4),
-                                 self.vae_scale_factor, device=self.device, dtype=vae.dtype)
+        self.preview = self.kl_latent_preview()
 
     @torch.no_grad()
     def decode(self, pipe, latents: torch.Tensor, height: int, width: int) -> np.ndarray:

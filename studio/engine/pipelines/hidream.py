@@ -23,7 +23,6 @@ from studio.engine.pipelines.base import (
     load_pipeline,
     make_callback,
 )
-from studio.engine.preview import LatentPreview
 
 EMBED_NAMES = ("prompt_embeds_t5", "negative_prompt_embeds_t5", "prompt_embeds_llama3",
                "negative_prompt_embeds_llama3", "pooled_prompt_embeds",
@@ -48,17 +47,7 @@ class HiDreamRunner(FamilyRunner):
         self.base = base
         self.pipes = {"t2i": base}
         self.vae_scale_factor = base.vae_scale_factor
-        self.preview = self._fit_preview()
-
-    def _fit_preview(self) -> LatentPreview:
-        vae = self.base.vae
-        scale, shift = vae.config.scaling_factor, vae.config.shift_factor or 0.0
-
-        def decode(z: torch.Tensor) -> torch.Tensor:
-            return vae.decode(z / scale + shift, return_dict=False)[0]
-
-        return LatentPreview.fit(decode, (int(vae.config.latent_channels), 4, 4),
-                                 self.vae_scale_factor, device=self.device, dtype=vae.dtype)
+        self.preview = self.kl_latent_preview()
 
     @torch.no_grad()
     def run(self, request: GenerationRequest, inputs: dict[str, np.ndarray],

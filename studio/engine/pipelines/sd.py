@@ -33,7 +33,6 @@ from studio.engine.pipelines.base import (
     make_callback,
     to_pil,
 )
-from studio.engine.preview import LatentPreview
 
 CLASSES = {
     "sd": ("StableDiffusionPipeline", "StableDiffusionImg2ImgPipeline",
@@ -65,17 +64,7 @@ class StableDiffusionRunner(FamilyRunner):
             pipe.set_progress_bar_config(disable=True)
         self.base = base
         self.vae_scale_factor = base.vae_scale_factor
-        self.preview = self._fit_preview()
-
-    def _fit_preview(self) -> LatentPreview:
-        vae = self.base.vae
-        scale, shift = vae.config.scaling_factor, vae.config.shift_factor or 0.0
-
-        def decode(z: torch.Tensor) -> torch.Tensor:
-            return vae.decode(z / scale + shift, return_dict=False)[0]
-
-        return LatentPreview.fit(decode, (int(vae.config.latent_channels), 4, 4),
-                                 self.vae_scale_factor, device=self.device, dtype=vae.dtype)
+        self.preview = self.kl_latent_preview()
 
     def _prompt_kwargs(self, pipe, request: GenerationRequest, timings, notes) -> dict:
         """The pipeline's prompt embeddings for the request, from the embedding cache."""
