@@ -55,6 +55,10 @@ def runner_class(family: str) -> type[FamilyRunner]:
         from studio.engine.pipelines.ltx import LTXRunner
 
         return LTXRunner
+    if family == "ltx2":
+        from studio.engine.pipelines.ltx2 import LTX2Runner
+
+        return LTX2Runner
     if family == "qwen-image":
         from studio.engine.pipelines.qwen import QwenImageRunner
 

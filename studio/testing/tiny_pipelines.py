@@ -431,3 +431,70 @@ def build_tiny_hidream(folder: str | os.PathLike[str], *, seed: int = 0) -> Path
     out = Path(folder)
     pipe.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def build_tiny_ltx2(folder: str | os.PathLike[str], *, seed: int = 0) -> Path:
+    """Builds and saves a tiny LTX-2 audio-video pipeline (``LTX2Pipeline``) with random
+    weights, every component the real class with a shrunk config:
+
+    * a two-layer ``Gemma3ForConditionalGeneration`` text encoder (hidden size 16, with the
+      one-layer vision tower the class requires) and a word-level tokenizer;
+    * ``LTX2TextConnectors`` (one video and one audio connector layer, LTX-2.0 layout: the
+      3 stacked Gemma hidden states are normalised and projected, 16 channels);
+    * an ``LTX2VideoTransformer3DModel`` of two audio-video blocks (video 2x8, audio 2x4
+      heads);
+    * ``AutoencoderKLLTX2Video`` with LTX-2's real layout and compression (32x spatial, 8x
+      temporal; 8 latent channels), ``AutoencoderKLLTX2Audio`` (8 mel bins, 2 latent
+      channels) and an ``LTX2Vocoder`` (stereo, 16 kHz).
+
+    A 96x64, 9-frame clip then has 2x3x2 video latents and 9 audio latent frames; two steps
+    run in about 2 s on two CPU cores (the text side pads to the pipeline's 1024 tokens).
+    """
+    import diffusers
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    tokenizer = make_word_tokenizer(64)
+    config = Gemma3Config(
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=24,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=8, max_position_embeddings=1024, sliding_window=64),
+        vision_config=dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=28, patch_size=14),
+        mm_tokens_per_image=4, image_token_index=2, boi_token_index=2, eoi_token_index=2)
+    text_encoder = Gemma3ForConditionalGeneration(config).eval()
+    hidden = config.text_config.hidden_size
+    connectors = LTX2TextConnectors(
+        caption_channels=hidden, text_proj_in_factor=config.text_config.num_hidden_layers + 1,
+        video_connector_num_attention_heads=2, video_connector_attention_head_dim=8,
+        video_connector_num_layers=1, video_connector_num_learnable_registers=None,
+        audio_connector_num_attention_heads=2, audio_connector_attention_head_dim=8,
+        audio_connector_num_layers=1, audio_connector_num_learnable_registers=None,
+        connector_rope_base_seq_len=32, rope_double_precision=False, rope_type="split").eval()
+    transformer = diffusers.LTX2VideoTransformer3DModel(
+        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8,
+        cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4,
+        audio_num_attention_heads=2, audio_attention_head_dim=4, audio_cross_attention_dim=8,
+        num_layers=2, caption_channels=hidden, rope_double_precision=False,
+        rope_type="split").eval()
+    vae = diffusers.AutoencoderKLLTX2Video(
+        latent_channels=8, block_out_channels=(8, 8, 8, 8),
+        decoder_block_out_channels=(8, 16, 32), layers_per_block=(1, 1, 1, 1, 1),
+        decoder_layers_per_block=(1, 1, 1, 1), spatial_compression_ratio=32,
+        temporal_compression_ratio=8).eval()
+    audio_vae = diffusers.AutoencoderKLLTX2Audio(
+        base_channels=4, output_channels=2, ch_mult=(1,), num_res_blocks=1, in_channels=2,
+        resolution=32, latent_channels=2, mel_bins=8).eval()
+    vocoder = LTX2Vocoder(
+        in_channels=audio_vae.config.output_channels * audio_vae.config.mel_bins,
+        hidden_channels=8, out_channels=2, upsample_kernel_sizes=[4, 4], upsample_factors=[2, 2],
+        resnet_kernel_sizes=[3], resnet_dilations=[[1, 3, 5]], output_sampling_rate=16000).eval()
+    pipe = diffusers.LTX2Pipeline(
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae, audio_vae=audio_vae,
+        text_encoder=text_encoder, tokenizer=tokenizer, connectors=connectors,
+        transformer=transformer, vocoder=vocoder)
+    out = Path(folder)
+    pipe.save_pretrained(out, safe_serialization=True)
+    return out

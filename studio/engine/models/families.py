@@ -3,6 +3,7 @@ capabilities (modes, size and frame rules, defaults) read from a folder's config
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from studio.core.capabilities import ModelCapabilities
@@ -31,9 +32,11 @@ PIPELINE_FAMILIES = {
     "HiDreamImagePipeline": "hidream",
     "LTXPipeline": "ltx",
     "LTXImageToVideoPipeline": "ltx",
+    "LTX2Pipeline": "ltx2",
+    "LTX2ImageToVideoPipeline": "ltx2",
 }
 SUPPORTED_FAMILIES = ("wan", "wan-vace", "flux", "flux2", "hidream", "sd", "sdxl", "sd3",
-                      "ltx", "qwen-image")
+                      "ltx", "ltx2", "qwen-image")
 
 
 def family_of(pipeline_class: str) -> str:
@@ -139,6 +142,33 @@ def _ltx_caps(folder: Path, index: dict, name: str) -> ModelCapabilities:
         guidance_range=(1.0, 20.0))
 
 
+def _ltx2_caps(folder: Path, index: dict, name: str) -> ModelCapabilities:
+    """LTX-2 (audio-video): sizes multiples of 32 (``LTX2Pipeline.check_inputs``) and of the
+    VAE's spatial factor times the transformer's patch; frame counts ``8k+1`` (the VAE's
+    temporal factor). The VAE's factors are read as diffusers computes them: the explicit
+    ``spatial/temporal_compression_ratio`` when the config has one, else ``patch_size *
+    2**(scaling stages)``."""
+    vae = read_json(folder / "vae" / "config.json", name)
+    tr = read_json(folder / "transformer" / "config.json", name)
+    scaling = vae.get("spatio_temporal_scaling", [True] * 4)
+    if isinstance(scaling, bool):
+        scaling = [scaling] * (len(vae.get("layers_per_block", [0] * 5)) - 1)
+    stages = 2 ** sum(bool(x) for x in scaling)
+    spatial = int(vae.get("spatial_compression_ratio") or int(vae.get("patch_size", 4)) * stages)
+    temporal = int(vae.get("temporal_compression_ratio")
+                   or int(vae.get("patch_size_t", 1)) * stages)
+    multiple = math.lcm(32, spatial * int(tr.get("patch_size", 1)))
+    big = int(tr.get("num_layers", 1)) >= 20
+    return ModelCapabilities(
+        name=name, family="ltx2", modes=frozenset({"t2v", "t2i", "i2v"}),
+        spatial_multiple=multiple, frame_multiple=temporal * int(tr.get("patch_size_t", 1)),
+        min_size=multiple, max_size=1920 if big else 256,
+        max_pixels=1920 * 1088 if big else 256 * 256, max_frames=257 if big else 33,
+        default_width=768 if big else 96, default_height=512 if big else 64,
+        default_frames=121 if big else 9, default_fps=24.0, default_steps=30 if big else 8,
+        default_guidance=3.0, guidance_range=(1.0, 20.0))
+
+
 def _qwen_caps(folder: Path, index: dict, name: str) -> ModelCapabilities:
     vae = read_json(folder / "vae" / "config.json", name)
     tr = read_json(folder / "transformer" / "config.json", name)
@@ -196,6 +226,8 @@ def capabilities_for(family: str, folder: Path, index: dict, *, name: str,
         return _sd_caps(folder, index, name, family)
     if family == "ltx":
         return _ltx_caps(folder, index, name)
+    if family == "ltx2":
+        return _ltx2_caps(folder, index, name)
     if family == "qwen-image":
         return _qwen_caps(folder, index, name)
     if family == "flux2":

@@ -21,7 +21,10 @@ class ModelError(ValueError):
     """A model cannot be used; the message names the model and the missing or bad file."""
 
 
-_MODEL_LIBRARIES = {"diffusers", "transformers"}
+# libraries whose components are models with weights: diffusers, transformers, and the
+# diffusers pipeline packages with models of their own (LTX-2's text connectors and vocoder
+# are saved as ["ltx2", "LTX2TextConnectors"] and ["ltx2", "LTX2Vocoder"])
+_MODEL_LIBRARIES = {"diffusers", "transformers", "ltx2"}
 _NON_MODEL_MARKERS = ("Scheduler", "Tokenizer", "TokenizersBackend", "Processor",
                       "FeatureExtractor")
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")

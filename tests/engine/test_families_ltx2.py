@@ -1,0 +1,114 @@
+"""LTX-2 through the registry: text-to-video, text-to-image (one frame) and image-to-video on a
+tiny random-weight audio-video pipeline give stock diffusers' pixels; the step previews unpack
+LTX-2's token-sequence latents; discovery lists the folder as family ``ltx2`` with its modes
+and rules."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from studio.core.media import pixels_content_id
+from studio.core.request import GenerationRequest, MediaRef, OptimizationSettings
+from studio.engine.executor import runner_class
+from studio.engine.models.registry import ModelRegistry
+from studio.testing.tiny_pipelines import build_tiny_ltx2
+
+IMAGE = (np.random.default_rng(5).random((64, 96, 3)) * 255).astype(np.uint8)
+REF = MediaRef(pixels_content_id(IMAGE), "first.png")
+
+
+@pytest.fixture(scope="module")
+def ltx2(tmp_path_factory):
+    folder = build_tiny_ltx2(tmp_path_factory.mktemp("ltx2") / "ltx2")
+    # 128 text tokens instead of the pipeline's 1024 (a third of the time); the studio passes
+    # the folder's call_kwargs to the pipeline
+    (folder / "studio.json").write_text(json.dumps({"call_kwargs": {"max_sequence_length": 128}}))
+    entry = ModelRegistry(include_hf_cache=False).resolve(str(folder))
+    assert entry.family == "ltx2" and entry.usable, entry.error
+    return folder, runner_class(entry.family)(entry, torch.device("cpu"), torch.float32)
+
+
+def stock(cls_name, folder, **kwargs):
+    import diffusers
+
+    pipe = getattr(diffusers, cls_name).from_pretrained(folder, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe(generator=torch.Generator().manual_seed(kwargs.pop("seed")), output_type="np",
+               **kwargs)
+    return np.asarray(out.frames[0], dtype=np.float32)
+
+
+def test_discovery_lists_ltx2_with_its_modes(ltx2):
+    folder, _ = ltx2
+    entries = {e.model_id: e for e in ModelRegistry([folder.parent],
+                                                    include_hf_cache=False).list()}
+    entry = entries[str(folder)]
+    assert entry.usable and entry.family == "ltx2", entry.error
+    caps = entry.capabilities
+    assert caps.family == "ltx2" and caps.modes == {"t2v", "t2i", "i2v"}
+    assert caps.spatial_multiple == 32 and caps.frame_multiple == 8
+    assert caps.default_frames == 9 and caps.default_fps == 24.0
+    # the connectors' and vocoder's weights (saved under the "ltx2" library) are checked
+    # and hashed with the rest
+    from studio.engine.models.folders import check_folder
+
+    files = {p.parent.name for p in check_folder(folder)[1]}
+    assert {"connectors", "vocoder", "transformer", "text_encoder"} <= files
+
+
+@pytest.mark.parametrize("mode,cls_name,frames,extra", [
+    ("t2v", "LTX2Pipeline", 9, {}),
+    ("t2i", "LTX2Pipeline", 1, {}),
+    ("i2v", "LTX2ImageToVideoPipeline", 9, {"image": Image.fromarray(IMAGE)})])
+def test_same_pixels_as_stock_diffusers(ltx2, mode, cls_name, frames, extra):
+    folder, runner = ltx2
+    fields = {"first_frame": REF} if mode == "i2v" else {}
+    request = GenerationRequest(model=str(folder), prompt="a red circle on grass",
+                                negative_prompt="blurry", seed=2, steps=2, guidance_scale=3.0,
+                                width=96, height=64, mode=mode, num_frames=frames, fps=24.0,
+                                **fields)
+    assert request.validate(runner.entry.capabilities) == []
+    previews = []
+    ours = runner.run(request, {REF.content_id: IMAGE},
+                      lambda i, n, lat: previews.append(runner.preview(lat).shape))
+    theirs = stock(cls_name, folder, prompt=request.prompt, negative_prompt="blurry", seed=2,
+                   num_inference_steps=2, guidance_scale=3.0, height=64, width=96,
+                   num_frames=frames, frame_rate=24.0, max_sequence_length=128, **extra)
+    assert ours.frames.shape == theirs.shape == (frames, 64, 96, 3)
+    assert np.abs(ours.frames - theirs).max() <= 1e-5
+    assert len(previews) == 2 and all(p[2] == 3 for p in previews)
+
+
+def test_memory_estimate_traces_every_stage(ltx2):
+    folder, runner = ltx2
+    request = GenerationRequest(model=str(folder), prompt="a red circle", seed=1, steps=2,
+                                guidance_scale=3.0, width=96, height=64, mode="t2v",
+                                num_frames=9)
+    est = runner.memory_estimate(request)
+    assert set(est.weights) == {"text_encode", "denoise", "decode"}
+    assert all(v > 0 for v in est.weights.values())
+    assert all(v > 0 for v in est.activations.values())
+    assert est.notes == (), est.notes  # every stage traced on fake tensors, none guessed
+
+
+def test_ltx2_runs_under_every_profile_without_the_step_cache(ltx2):
+    """The step cache would pass LTX-2's text stream on as audio, so the runner leaves it off
+    and says so; on the CPU the other levers are off too, so every profile gives the exact
+    pixels."""
+    folder, runner = ltx2
+    outputs = {}
+    for profile in ("fast", "balanced", "quality", "exact"):
+        request = GenerationRequest(model=str(folder), prompt="a red circle", seed=1, steps=2,
+                                    guidance_scale=3.0, width=64, height=64, mode="t2v",
+                                    num_frames=9, optimization=OptimizationSettings(profile))
+        out = runner.run(request, {}, lambda *a: None)
+        outputs[profile] = out.frames
+        if profile != "exact":
+            assert any("step cache: not available for LTX-2" in n for n in out.notes), out.notes
+    for profile, frames in outputs.items():
+        assert np.array_equal(frames, outputs["exact"]), profile
