@@ -382,6 +382,8 @@ class EngineEnvironment:
         torch_threads: ``torch.get_num_threads()`` during the run.
         versions: package name -> version (torch, diffusers, transformers, studio).
         deterministic: whether bit-exact reruns are expected on this device.
+        parallel: the multi-device plan the job ran under, e.g. ``"single device"`` or
+            ``"ulysses 2 × cfg 2 (4 ranks)"``.
     """
 
     device: str
@@ -389,6 +391,7 @@ class EngineEnvironment:
     torch_threads: int
     versions: dict[str, str]
     deterministic: bool = True
+    parallel: str = "single device"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -397,4 +400,5 @@ class EngineEnvironment:
     def from_dict(cls, data: dict[str, Any]) -> EngineEnvironment:
         return cls(str(data["device"]), str(data["dtype"]), int(data["torch_threads"]),
                    {str(k): str(v) for k, v in dict(data["versions"]).items()},
-                   bool(data.get("deterministic", True)))
+                   bool(data.get("deterministic", True)),
+                   str(data.get("parallel", "single device")))

@@ -154,6 +154,8 @@ class JobExecutor:
         self.load_count = 0
         # called with each newly loaded runner (a rank applies its parallel plan here)
         self.on_runner_loaded: Callable[[FamilyRunner], None] | None = None
+        # set by a rank group's worker; recorded in each job's environment
+        self.parallel_plan = "single device"
         _quiet_libraries()
 
     # -- memory -----------------------------------------------------------------------------
@@ -205,7 +207,7 @@ class JobExecutor:
             versions={"torch": str(torch.__version__), "diffusers": str(diffusers.__version__),
                       "transformers": str(transformers.__version__), "studio": __version__,
                       "python": platform.python_version()},
-            deterministic=self.device.type == "cpu")
+            deterministic=self.device.type == "cpu", parallel=self.parallel_plan)
 
     # -- models -----------------------------------------------------------------------------
     def runner_for(self, entry: ModelEntry,

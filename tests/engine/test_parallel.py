@@ -1,15 +1,24 @@
-"""Parallel configs and CFG parallelism on 2 CPU ranks (gloo): the parallel run gives the
-single-process pixels, with and without the step cache, and each rank computes only its
-share."""
+"""Parallel plans on one long-lived group of 2 CPU ranks (gloo): CFG parallel, Ulysses,
+ring and the patch-parallel VAE decode give the single-process pixels, with and without the
+step cache, and each rank computes and sends only its share."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
 import torch
 
 from studio.engine.parallel import ParallelConfig, ParallelConfigError
-from studio.engine.parallel.launch import run_ranks
+from studio.engine.parallel.launch import RankGroup
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    """One long-lived group of 2 gloo ranks for the whole module."""
+    with RankGroup(2, timeout_s=60) as group:
+        yield group
 
 
 def test_config_validation_names_the_rule():
@@ -73,7 +82,7 @@ def sd15(tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind", ["wan", "sd"])
-def test_cfg_parallel_on_two_ranks_matches_one_process(tiny_models, sd15, kind):
+def test_cfg_parallel_on_two_ranks_matches_one_process(ranks, tiny_models, sd15, kind):
     from studio.engine.caching import StepCacheConfig, apply_step_cache
     from studio.engine.caching.unet_cache import apply_unet_cache
 
@@ -86,7 +95,7 @@ def test_cfg_parallel_on_two_ranks_matches_one_process(tiny_models, sd15, kind):
     (apply_step_cache if kind == "wan" else apply_unet_cache)(denoiser, config)
     with torch.inference_mode():
         single_cached = _generate(pipe, kind)
-    results = run_ranks(_rank, 2, kind, folder, timeout_s=60)
+    results = ranks.run(_rank, kind, folder)
     for variant, want in enumerate((single, single_cached)):
         for rank_results in results:
             frames, _ = rank_results[variant]
@@ -108,49 +117,117 @@ def _generate_any(pipe, kind):
 CACHE = dict(threshold=0.3, order=1, warmup_steps=1, max_consecutive_skips=2)
 
 
-def _ulysses_rank(rank, world, folders):
+def _load(kind, folder):
     import diffusers
 
+    cls = diffusers.WanPipeline if kind == "wan" else diffusers.FluxPipeline
+    pipe = cls.from_pretrained(folder, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _recorder(shapes: list):
+    """A forward pre-hook recording the shape of the module's first input."""
+    def hook(module, args, kwargs):
+        shapes.append(tuple((args[0] if args else kwargs["hidden_states"]).shape))
+    return hook
+
+
+def _sequence_rank(rank, world, folders, degrees):
+    """On each rank: the job under the sequence plan without, then with, the step cache;
+    what the first block saw (the shard) and what the rank sent."""
     from studio.engine.caching import StepCacheConfig, apply_step_cache
+    from studio.engine.parallel.comm import CommunicationLog
+    from studio.engine.parallel.mesh import ParallelMesh
     from studio.engine.parallel.sequence import apply_sequence_parallel
 
+    config = ParallelConfig(**degrees)
+    mesh = ParallelMesh.build(config)
     out = {}
     for kind, folder in folders.items():
-        cls = diffusers.WanPipeline if kind == "wan" else diffusers.FluxPipeline
-        pipe = cls.from_pretrained(folder, local_files_only=True)
-        pipe.set_progress_bar_config(disable=True)
-        apply_sequence_parallel(pipe.transformer, ParallelConfig(ulysses_degree=2))
+        pipe = _load(kind, folder)
+        transformer = pipe.transformer
+        apply_sequence_parallel(transformer, config, mesh)
+        first = (transformer.blocks if kind == "wan" else transformer.transformer_blocks)[0]
+        shards, forwards = [], []
+        # inside the block: diffusers splits the sequence as the block is entered
+        first.norm1.register_forward_pre_hook(_recorder(shards), with_kwargs=True)
+        transformer.register_forward_pre_hook(lambda m, a, seen=forwards: seen.append(1))
         with torch.inference_mode():
-            out[kind] = _generate_any(pipe, kind)
-            stats = apply_step_cache(pipe.transformer, StepCacheConfig(**CACHE))
-            out[kind + "-cached"] = _generate_any(pipe, kind)
+            with CommunicationLog() as log:
+                out[kind] = _generate_any(pipe, kind)
+            out[kind + "-sent"] = dict(log.sent)
+            out[kind + "-shard"] = shards[0]
+            out[kind + "-forwards"] = len(forwards)
+            stats = apply_step_cache(transformer, StepCacheConfig(**CACHE))
+            with CommunicationLog() as log:
+                out[kind + "-cached"] = _generate_any(pipe, kind)
+            out[kind + "-cached-sent"] = dict(log.sent)
             out[kind + "-decisions"] = [d[3] for d in stats.decisions]
     return out
 
 
-def test_ulysses_on_two_ranks_matches_one_process(tiny_models):
-    import diffusers
-
+@pytest.fixture(scope="module")
+def sequence_reference(tiny_models):
+    """Single-process outputs (plain and cached) and full sequence lengths."""
     from studio.engine.caching import StepCacheConfig, apply_step_cache
 
     folders = {"wan": str(tiny_models["wan-t2v"]), "flux": str(tiny_models["flux"])}
     want = {}
     for kind, folder in folders.items():
-        cls = diffusers.WanPipeline if kind == "wan" else diffusers.FluxPipeline
-        pipe = cls.from_pretrained(folder, local_files_only=True)
-        pipe.set_progress_bar_config(disable=True)
+        pipe = _load(kind, folder)
+        first = (pipe.transformer.blocks if kind == "wan"
+                 else pipe.transformer.transformer_blocks)[0]
+        shapes = []
+        first.norm1.register_forward_pre_hook(_recorder(shapes), with_kwargs=True)
         with torch.inference_mode():
             want[kind] = _generate_any(pipe, kind)
+            want[kind + "-shape"] = shapes[0]
             stats = apply_step_cache(pipe.transformer, StepCacheConfig(**CACHE))
             want[kind + "-cached"] = _generate_any(pipe, kind)
             want[kind + "-decisions"] = [d[3] for d in stats.decisions]
-    results = run_ranks(_ulysses_rank, 2, folders, timeout_s=60)
+    return folders, want
+
+
+@pytest.mark.parametrize("scheme", ["ulysses", "ring"])
+def test_sequence_parallel_on_two_ranks_matches_one_process(ranks, sequence_reference,
+                                                            tiny_models, scheme):
+    """Ulysses (diffusers' all-to-all) and ring (ours: asynchronous exchanges on our
+    log-sum-exp attention) on Wan and Flux: the single-process pixels, with and without the
+    cache; each rank holds half the tokens and sends only its share."""
+    from diffusers import WanTransformer3DModel
+
+    folders, want = sequence_reference
+    results = ranks.run(_sequence_rank, folders, {f"{scheme}_degree": 2})
+    wan = WanTransformer3DModel.load_config(str(tiny_models["wan-t2v"]), subfolder="transformer")
+    inner = wan["num_attention_heads"] * wan["attention_head_dim"]
     for result in results:
         for kind in folders:
             assert np.abs(result[kind] - want[kind]).max() <= 1e-5
             # parallel + cache = cache alone: the same decisions on every rank
             assert result[kind + "-decisions"] == want[kind + "-decisions"]
             assert np.abs(result[kind + "-cached"] - want[kind + "-cached"]).max() <= 1e-5
+            batch, tokens, channels = want[kind + "-shape"]
+            assert result[kind + "-shard"] == (batch, tokens // 2, channels)
+            # the cache skips blocks, and with them their communication
+            key = "send" if scheme == "ring" else "all_to_all_single"
+            skipped = not all(want[kind + "-decisions"])
+            if skipped:
+                assert result[kind + "-cached-sent"][key] < result[kind + "-sent"][key]
+        assert not all(want["wan-decisions"])  # the cache did skip steps on Wan
+        # Wan self-attention over the rank's half: per attention call, ring sends its key
+        # and value block once (to the one other rank); Ulysses all-to-alls q, k, v, out
+        batch, tokens, _ = want["wan-shape"]
+        calls = result["wan-forwards"] * wan["num_layers"]
+        shard_bytes = batch * (tokens // 2) * inner * 4
+        if scheme == "ring":
+            assert result["wan-sent"]["send"] == calls * 2 * shard_bytes
+            assert "all_to_all_single" not in result["wan-sent"]
+        else:
+            assert result["wan-sent"]["all_to_all_single"] == calls * 4 * shard_bytes
+            assert "send" not in result["wan-sent"]
+    for key in ("wan-sent", "flux-sent", "wan-cached-sent", "flux-cached-sent"):
+        assert results[0][key] == results[1][key]  # every rank does the same share
 
 
 def test_sequence_parallel_refuses_models_without_a_plan_or_bad_heads():
@@ -183,13 +260,108 @@ def _vae_rank(rank, world, z):
         return parallel_tiled_decode(_tiny_tiling_vae(), z)
 
 
-def test_patch_parallel_vae_decode_matches_the_tiled_decode():
+def test_patch_parallel_vae_decode_matches_the_tiled_decode(ranks):
     z = torch.randn(1, 8, 3, 24, 20, generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         want = _tiny_tiling_vae().tiled_decode(z, return_dict=False)[0]
-    results = run_ranks(_vae_rank, 2, z, timeout_s=60)
+    results = ranks.run(_vae_rank, z)
     tiles = [owned for _, owned in results]
     assert sum(tiles) == 16 and tiles == [8, 8]  # a 4 x 4 grid of tiles, half each
     for video, _ in results:
         assert video.shape == want.shape
         torch.testing.assert_close(video, want, atol=1e-5, rtol=1e-5)
+
+
+def embedded_request(**kw):
+    from studio.core.request import GenerationRequest, OptimizationSettings
+
+    base = dict(mode="t2v", model="embedded", prompt="a red circle on a blue background",
+                seed=5, steps=4, guidance_scale=4.0, width=32, height=32, num_frames=5)
+    profile = kw.pop("profile", "exact")
+    base.update(kw)
+    return GenerationRequest(**base, optimization=OptimizationSettings(profile=profile))
+
+
+def run_embedded(executor, request):
+    """The embedded model's float frames (F, H, W, 3) in [0, 1] through the studio's own
+    loading path (registry, runner, profile levers), and the plan the executor records."""
+    from studio.engine.job import Job
+    from studio.engine.profiles import levers_for
+
+    request, entry = executor.prepare(Job("job", request))
+    levers = levers_for(request.optimization.profile, executor.device, entry.tuning)
+    runner, _ = executor.runner_for(entry, levers.precision)
+    with torch.inference_mode():
+        out = runner.run(request, {}, lambda *args: None)
+    cache = [n for n in out.notes if n.startswith("step cache:")]
+    return np.asarray(out.frames), executor.environment().parallel, cache
+
+
+def plan_rank(rank, world, degrees, requests):
+    """On each rank: an executor whose runners get the plan at load (as the rank-group
+    worker does), running each request on the embedded model."""
+    from studio.engine.executor import JobExecutor
+    from studio.engine.models.registry import ModelRegistry
+    from studio.engine.parallel.mesh import ParallelMesh
+    from studio.engine.parallel.worker import apply_parallel_plan, describe_plan
+
+    config = ParallelConfig(**degrees)
+    mesh = ParallelMesh.build(config)
+    executor = JobExecutor(ModelRegistry(include_hf_cache=False), torch.device("cpu"))
+    executor.parallel_plan = describe_plan(config)
+    executor.on_runner_loaded = lambda runner: apply_parallel_plan(runner, config, mesh)
+    return tuple(mesh.mesh.get_coordinate()), [run_embedded(executor, r) for r in requests]
+
+
+def _cache_counts(notes: list[str]) -> tuple[int, int]:
+    """(calls computed in full, calls forecast) from a runner's step-cache note."""
+    full, _, forecast = map(int, re.findall(r"\d+", notes[0]))
+    return full, forecast
+
+
+def check_plan_results(results, want, plan_name):
+    """Every rank has the single-process frames; the cache made the single process's
+    decisions: the same notes on every rank of a sequence group, and, under CFG parallel,
+    the two ranks of a guidance pair between them forecast what the single process did
+    (each caches the branch it computes; the uncond rank also computed the first cond
+    call, to learn the output's shape)."""
+    by_coordinate = {}
+    for coordinate, runs in results:
+        by_coordinate[coordinate] = runs
+        for (frames, plan, _), (reference, _, _) in zip(runs, want, strict=True):
+            assert np.abs(frames - reference).max() <= 1e-5
+            assert plan == plan_name
+    for index, (_, _, want_cache) in enumerate(want):
+        if not want_cache:
+            continue
+        full, forecast = _cache_counts(want_cache)
+        for (cfg, ring, ulysses), runs in by_coordinate.items():
+            if cfg == 1:
+                continue
+            if (1, ring, ulysses) not in by_coordinate:  # no CFG parallel: same as alone
+                assert runs[index][2] == want_cache
+                continue
+            cond = _cache_counts(runs[index][2])
+            uncond = _cache_counts(by_coordinate[(1, ring, ulysses)][index][2])
+            assert cond[1] + uncond[1] == forecast
+            assert cond[0] + uncond[0] == full + 1
+
+
+def embedded_reference(requests):
+    from studio.engine.executor import JobExecutor
+    from studio.engine.models.registry import ModelRegistry
+
+    executor = JobExecutor(ModelRegistry(include_hf_cache=False), torch.device("cpu"))
+    return [run_embedded(executor, r) for r in requests]
+
+
+@pytest.mark.parametrize("degrees", [dict(cfg_degree=2), dict(ulysses_degree=2),
+                                     dict(ring_degree=2)], ids=["cfg", "ulysses", "ring"])
+def test_embedded_model_under_each_two_rank_plan(ranks, degrees):
+    """The embedded model through the engine's loading path under each 2-rank plan, with
+    the exact and the balanced (step cache) profiles: the single-process frames."""
+    requests = [embedded_request(), embedded_request(profile="balanced", steps=8)]
+    want = embedded_reference(requests)
+    assert "6 forecast" in want[1][2][0]  # the balanced profile's cache does skip here
+    name = next(iter(degrees)).removesuffix("_degree")
+    check_plan_results(ranks.run(plan_rank, degrees, requests), want, f"{name} 2 (2 ranks)")

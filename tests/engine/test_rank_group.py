@@ -1,6 +1,7 @@
 """The engine over a long-lived group of 2 CPU ranks (gloo): a CFG-parallel job gives the
-single-process pixels, the group stays up between jobs, and a killed rank fails the running
-job within the collective timeout while the next job runs on a new group."""
+single-process pixels and records its plan, the group stays up between jobs and through a
+cancel, and a killed rank fails the running job within the collective timeout while the
+next job runs on a new group."""
 
 from __future__ import annotations
 
@@ -43,6 +44,16 @@ def test_rank_group_runs_jobs_and_survives_a_dead_rank(tiny_models):
             pids = worker.pids
             second = await engine.wait(engine.submit(request(model, seed=4)))
             same_group = worker.pids == pids
+            # cancelling stops every rank at the same step and keeps the group up
+            stream = engine.events()
+            slow = engine.submit(request(model, steps=150, width=64, height=64))
+            async for event in stream:
+                if isinstance(event, ev.Progress) and event.job_id == slow and event.step >= 2:
+                    break
+            engine.cancel(slow)
+            cancelled = await engine.wait(slow)
+            third = await engine.wait(engine.submit(request(model)))
+            kept_after_cancel = worker.pids == pids
             stream = engine.events()
             slow = engine.submit(request(model, steps=150, width=64, height=64))
             async for event in stream:
@@ -53,13 +64,18 @@ def test_rank_group_runs_jobs_and_survives_a_dead_rank(tiny_models):
             failed = await engine.wait(slow)
             took = time.monotonic() - killed_at
             after = await engine.wait(engine.submit(request(model)))
-            return first, second, same_group, failed, took, after, pids, worker.pids
+            return (first, second, same_group, cancelled, third, kept_after_cancel, failed, took,
+                    after, pids, worker.pids)
 
-    first, second, same_group, failed, took, after, pids, new_pids = asyncio.run(
-        asyncio.wait_for(main(), timeout=300))
+    (first, second, same_group, cancelled, third, kept_after_cancel, failed, took, after, pids,
+     new_pids) = asyncio.run(asyncio.wait_for(main(), timeout=300))
     assert isinstance(first, ev.Finished), first
     assert np.array_equal(first.frames, single.frames)  # CFG parallel = one process
     assert isinstance(second, ev.Finished) and same_group  # the group stayed up
+    assert first.environment["parallel"] == "cfg 2 (2 ranks)"
+    assert isinstance(cancelled, ev.Cancelled) and 2 <= cancelled.during_step < 150
+    assert isinstance(third, ev.Finished) and kept_after_cancel
+    assert np.array_equal(third.frames, single.frames)
     assert isinstance(failed, ev.Failed) and failed.kind == ev.WORKER_DIED, failed
     assert "rank 1" in failed.message and took < 60
     assert isinstance(after, ev.Finished) and new_pids and new_pids != pids

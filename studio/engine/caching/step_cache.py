@@ -124,6 +124,7 @@ class _TrajectoryState(BaseState):
         self.accumulated = 0.0
         self.consecutive_skips = 0
         self.compute = True
+        self.probed = False  # whether the probe block ran in the current call
         self.probe_output: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self.probe_residual: torch.Tensor | None = None
 
@@ -242,8 +243,13 @@ class _RootHook(ModelHook):
             if t is None or (state.last_timestep is not None and t >= state.last_timestep):
                 state.reset()  # a new trajectory (or no timestep to forecast in)
             state.timestep = t
+            state.probed = False
             output = self.fn_ref.original_forward(*args, **kwargs)
             state.last_timestep = t
+            if not state.probed:
+                # the blocks did not run here: under CFG parallel another rank computed
+                # this branch (its own cache decided there); nothing to count on this rank
+                return output
             if state.compute:
                 self.stats.full_calls += 1
             else:
@@ -289,6 +295,7 @@ class _ProbeHook(ModelHook):
             x = _local_shard(x, hidden, self.group)  # split inside the block (Wan's CP plan)
         residual = hidden - x
         state.compute = self._decide(state, residual)
+        state.probed = True
         if state.compute:
             state.segment_inputs = {0: (hidden, encoder)}
             state.step_residuals = {}

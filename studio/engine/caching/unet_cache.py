@@ -51,6 +51,7 @@ class _ShallowProbeHook(_ProbeHook):
         hidden = output[0] if isinstance(output, tuple) else output
         state: _TrajectoryState = self.state_manager.get_state()
         state.compute = self._decide(state, hidden)
+        state.probed = True
         if state.compute:
             state.probe_residual = hidden
         return output

@@ -9,7 +9,7 @@ Two ways pipelines run the branches, both handled:
   for each call. Rank 1 returns an empty placeholder from the "cond" call and fills it in
   place at the exchange, before the pipeline combines the two (the pipelines read the cond
   output only after the uncond call). It learns the output's shape by computing the first
-  "cond" call itself.
+  "cond" call itself, and again whenever the input's shape changes (a job at another size).
 * one batched call (SD 1.5/SDXL/SD3, LTX: the batch is [uncond, cond]): each rank computes
   its half of every batched tensor argument and the halves are all-gathered.
 
@@ -55,7 +55,7 @@ class CfgParallelHook(ModelHook):
             raise ValueError(f"cfg parallel: the group has {dist.get_world_size(group)} ranks; "
                              f"it needs exactly 2")
         self.pending: torch.Tensor | None = None
-        self.template = None  # (output type, shape, dtype) learned from the first cond call
+        self.template = None  # (input shape, output type, shape, dtype, device) of the last learned cond call
         self.computed = 0
 
     def _gather(self, mine: torch.Tensor) -> list[torch.Tensor]:
@@ -73,14 +73,18 @@ class CfgParallelHook(ModelHook):
     def _branch_call(self, name, args, kwargs):
         forward = self.fn_ref.original_forward
         if name == "cond":
-            if self.rank == 0 or self.template is None:
+            hidden = kwargs.get("hidden_states", args[0] if args else None)
+            key = tuple(hidden.shape) if torch.is_tensor(hidden) else None
+            if self.rank == 0 or self.template is None or self.template[0] != key:
+                # rank 1 computes a cond call itself whenever the input's shape is new
+                # (first call, or a job at another size) to learn the output's shape
                 out = forward(*args, **kwargs)
                 self.computed += 1
                 sample = out[0] if isinstance(out, tuple) else out.sample
-                self.template = (type(out), sample.shape, sample.dtype, sample.device)
+                self.template = (key, type(out), sample.shape, sample.dtype, sample.device)
                 self.pending = sample
                 return out
-            kind, shape, dtype, device = self.template
+            _, kind, shape, dtype, device = self.template
             self.pending = torch.empty(shape, dtype=dtype, device=device)
             return self._wrap(kind, self.pending)
         # uncond: rank 1 computes it; the ranks swap results
@@ -94,7 +98,7 @@ class CfgParallelHook(ModelHook):
         if self.rank == 1:
             self.pending.copy_(cond)  # the placeholder returned by the cond call
             return out
-        return self._wrap(self.template[0], uncond)
+        return self._wrap(self.template[1], uncond)
 
     def reset_state(self, module):
         """Between jobs: forget the placeholder and the learned output shape."""

@@ -94,3 +94,92 @@ def run_ranks(fn: Callable, world_size: int, *args, backend: str | None = None,
     if errors or len(results) != world_size:
         raise RuntimeError("parallel job failed: " + "; ".join(errors or ["missing results"]))
     return [results[r] for r in range(world_size)]
+
+
+def _group_rank(rank: int, world: int, port: int, backend: str, timeout_s: float, tasks,
+                results) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        while True:
+            task = tasks.get()
+            if task is None:
+                break
+            fn, args = task
+            try:
+                results.put((rank, "ok", _portable(fn(rank, world, *args), True)))
+            except Exception as exc:  # reported; the rank stays up for the next task
+                results.put((rank, "error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        dist.destroy_process_group()
+
+
+class RankGroup:
+    """A long-lived group of ``world_size`` spawned ranks that runs one function at a time
+    on every rank (the test modules start one group and reuse it: spawning and importing
+    torch in each rank costs seconds).
+
+    Args:
+        world_size: ranks (processes) in the group.
+        backend: "nccl" on GPUs, "gloo" on the CPU (default: picked from the machine).
+        timeout_s: the collective timeout; :meth:`run` waits up to 4× this for results.
+
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, world_size: int, *, backend: str | None = None, timeout_s: float = 60.0):
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        ctx = mp.get_context("spawn")
+        self._results = ctx.Queue()
+        self._tasks = [ctx.Queue() for _ in range(world_size)]
+        port = free_port()
+        self._procs = [ctx.Process(target=_group_rank, daemon=True,
+                                   args=(r, world_size, port, backend, timeout_s,
+                                         self._tasks[r], self._results))
+                       for r in range(world_size)]
+        for p in self._procs:
+            p.start()
+
+    def run(self, fn: Callable, *args) -> list:
+        """Runs ``fn(rank, world_size, *args)`` on every rank; returns the results by rank.
+
+        Raises:
+            RuntimeError: a rank raised (names it and the error) or stopped.
+        """
+        for q in self._tasks:
+            q.put((fn, args))
+        results: dict[int, object] = {}
+        errors = []
+        for _ in range(self.world_size):
+            try:
+                rank, status, value = self._results.get(timeout=self.timeout_s * 4)
+            except Exception:
+                errors.append("a rank stopped without reporting (killed or crashed)")
+                break
+            if status == "ok":
+                results[rank] = _portable(value, False)
+            else:
+                errors.append(f"rank {rank}: {value}")
+        if errors or len(results) != self.world_size:
+            raise RuntimeError("parallel task failed: " + "; ".join(errors or ["missing"]))
+        return [results[r] for r in range(self.world_size)]
+
+    def close(self) -> None:
+        """Stops the ranks (kills any that do not exit within the timeout)."""
+        for q in self._tasks:
+            q.put(None)
+        for p in self._procs:
+            p.join(timeout=self.timeout_s)
+            if p.is_alive():
+                p.kill()
+
+    def __enter__(self) -> RankGroup:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,5 +1,6 @@
 """Sequence parallelism through diffusers' context-parallel plans (Ulysses and ring) for the
-models that have one (Flux, Flux2, Wan, LTX, LTX-2, Qwen-Image).
+models that have one (Flux, Flux2, Wan, LTX, LTX-2, Qwen-Image), Ulysses and ring
+(ring on our own attention: :mod:`studio.engine.parallel.ring`).
 
 diffusers picks each rank's device as ``rank % torch.accelerator.device_count()``, which is
 a division by zero on a CPU-only machine. :func:`apply_sequence_parallel` scopes a patch of
@@ -16,6 +17,7 @@ from unittest import mock
 import torch
 
 from studio.engine.parallel.config import ParallelConfig, ParallelConfigError
+from studio.engine.parallel.mesh import ParallelMesh
 
 
 @contextlib.contextmanager
@@ -27,9 +29,17 @@ def _cpu_ranks() -> Iterator[None]:
         yield
 
 
-def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig) -> None:
+def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig,
+                            mesh: ParallelMesh | None = None) -> None:
     """Splits the transformer's sequence over ``config.ulysses_degree × ring_degree`` ranks
-    of the initialized process group with the model's own context-parallel plan.
+    with the model's own context-parallel plan. Ring attention (alone or combined with
+    Ulysses) runs on our log-sum-exp attention (:mod:`studio.engine.parallel.ring`).
+
+    Args:
+        transformer: a diffusers model with a ``_cp_plan``.
+        config: the degrees.
+        mesh: the group's mesh (:class:`ParallelMesh`); default: the whole initialized world
+            as ``(ring, ulysses)``.
 
     Raises:
         ParallelConfigError: the model has no context-parallel plan, or its heads do not
@@ -45,10 +55,16 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
         raise ParallelConfigError(f"ulysses_degree: {config.ulysses_degree} does not divide "
                                   f"the model's {heads} attention heads")
     cp = ContextParallelConfig(ulysses_degree=config.ulysses_degree or None,
-                               ring_degree=config.ring_degree or None)
+                               ring_degree=config.ring_degree or None,
+                               mesh=mesh.sequence_mesh if mesh is not None else None)
+    if config.ring_degree > 1:
+        from studio.engine.parallel.ring import install_ring_backend
+
+        install_ring_backend(transformer)
     with _cpu_ranks():
         transformer.enable_parallelism(config=cp)
     # the step cache all-reduces its decision signal over this group (rank-consistent)
     import torch.distributed as dist
 
-    transformer._studio_sequence_group = dist.group.WORLD
+    transformer._studio_sequence_group = (mesh.sequence_group if mesh is not None
+                                          else dist.group.WORLD)

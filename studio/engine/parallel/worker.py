@@ -3,12 +3,17 @@
 The engine talks to :class:`RankGroupWorker` like to any worker. The worker spawns
 ``parallel.world_size`` processes on this machine (rendezvous on 127.0.0.1 only; NCCL on
 GPUs, gloo on the CPU, collectives time out after ``timeout_s``), each with its own executor
-on its own device; each job goes to every rank, every rank runs it with the same seed and the
-parallel plan applied to its denoiser (CFG parallel and/or Ulysses), and rank 0 reports the
-events. The group stays up between jobs (models stay loaded). If a rank dies, the running job
-fails with a clear message within the collective timeout, the group is torn down, and the
-next job gets a new group. Cancelling a running job tears the group down too (ranks cannot
-stop at different steps without a collective hanging), so the next job starts a fresh group.
+on its own device; the ranks form a ``(cfg, ring, ulysses)`` mesh
+(:class:`~studio.engine.parallel.mesh.ParallelMesh`). Each job goes to every rank, every
+rank runs it with the same seed and the parallel plan applied to its denoisers (CFG parallel,
+Ulysses, ring, or CFG × a sequence plan), and rank 0 reports the events. The group stays up
+between jobs (models stay loaded). If a rank dies, the running job fails with a clear
+message within the collective timeout, the group is torn down, and the next job gets a new
+group.
+
+Cancelling keeps the group up: the ranks agree on the step to stop at (each step they
+all-reduce a cancel flag the worker sets in shared memory), so all leave the denoising loop
+together. Only a group that does not stop within the collective timeout is torn down.
 
 Nothing changes in the parent's environment: the rendezvous variables are set in the ranks.
 """
@@ -26,21 +31,41 @@ from studio.engine.parallel.config import ParallelConfig, ParallelConfigError
 from studio.engine.worker import EventFn, Worker, WorkerConfig
 
 
-def apply_parallel_plan(runner, parallel: ParallelConfig) -> None:
-    """Applies ``parallel`` to a freshly loaded runner's denoisers (on every rank)."""
+def apply_parallel_plan(runner, parallel: ParallelConfig, mesh=None) -> None:
+    """Applies ``parallel`` to a freshly loaded runner's denoisers (on every rank).
+
+    Args:
+        runner: the family runner (its ``denoisers()`` get the plan).
+        parallel: the degrees.
+        mesh: the group's :class:`~studio.engine.parallel.mesh.ParallelMesh` (default: the
+            whole world as one CFG pair or one sequence group).
+    """
     from studio.engine.parallel.cfg import apply_cfg_parallel
     from studio.engine.parallel.sequence import apply_sequence_parallel
 
     for module in runner.denoisers():
         if parallel.sequence_degree > 1:
-            apply_sequence_parallel(module, parallel)
+            apply_sequence_parallel(module, parallel, mesh)
         if parallel.cfg_degree == 2:
-            apply_cfg_parallel(module)
+            apply_cfg_parallel(module, mesh.cfg_group if mesh is not None else None)
 
 
-def _rank_main(rank, world, port, backend, timeout_s, config, parallel, jobs, events):
+def describe_plan(parallel: ParallelConfig) -> str:
+    """A short name for a plan, recorded with each finished job, e.g. ``"ulysses 2 × cfg 2
+    (4 ranks)"`` or ``"single device"``."""
+    parts = [f"{name} {degree}" for name, degree in (
+        ("ulysses", parallel.ulysses_degree), ("ring", parallel.ring_degree),
+        ("cfg", parallel.cfg_degree)) if degree > 1]
+    if not parts:
+        return "single device"
+    return " × ".join(parts) + f" ({parallel.world_size} ranks)"
+
+
+def _rank_main(rank, world, port, backend, timeout_s, config, parallel, jobs, events, cancel):
     import torch
     import torch.distributed as dist
+
+    from studio.engine.parallel.mesh import ParallelMesh
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -49,9 +74,18 @@ def _rank_main(rank, world, port, backend, timeout_s, config, parallel, jobs, ev
     dist.init_process_group(backend, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
     device = f"cuda:{rank}" if torch.cuda.is_available() else "cpu"
+    mesh = ParallelMesh.build(parallel)
     executor = replace(config, device=device).build_executor()
-    executor.on_runner_loaded = lambda runner: apply_parallel_plan(runner, parallel)
+    executor.parallel_plan = describe_plan(parallel)
+    executor.on_runner_loaded = lambda runner: apply_parallel_plan(runner, parallel, mesh)
     events.put(("ready", rank))
+    flag = torch.zeros(1, dtype=torch.int32, device=device)
+
+    def is_cancelled() -> bool:
+        # every rank asks at the same points (job start, each step): agree on the answer
+        flag.fill_(1 if cancel.is_set() else 0)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
     def emit(event):
         if rank == 0:
@@ -62,7 +96,7 @@ def _rank_main(rank, world, port, backend, timeout_s, config, parallel, jobs, ev
             job = jobs.get()
             if job is None:
                 break
-            executor.execute(job, emit, lambda: False)
+            executor.execute(job, emit, is_cancelled)
     finally:
         dist.destroy_process_group()
 
@@ -78,11 +112,11 @@ class RankGroupWorker(Worker):
 
     Args:
         config: the executor configuration every rank builds (its device is set per rank).
-        parallel: the degrees; CFG parallel (2 ranks) or Ulysses (N ranks), not both yet.
+        parallel: the degrees (cfg × ring × ulysses ranks; replicas are separate workers).
         timeout_s: collective timeout; a dead rank fails the job within about this long.
 
     Raises:
-        ParallelConfigError: a combination this worker does not run yet.
+        ParallelConfigError: replicas > 1 (use ``Engine.for_devices``) or invalid degrees.
     """
 
     def __init__(self, config: WorkerConfig | None = None,
@@ -91,11 +125,10 @@ class RankGroupWorker(Worker):
 
         self.config = config or WorkerConfig()
         self.parallel = parallel or ParallelConfig(cfg_degree=2)
-        if self.parallel.replicas != 1 or self.parallel.ring_degree != 1 or (
-                self.parallel.cfg_degree == 2 and self.parallel.ulysses_degree > 1):
-            raise ParallelConfigError("rank group: runs CFG parallel (2 ranks) or Ulysses "
-                                      "alone; ring, replicas and combinations are not yet "
-                                      "supported here (use Engine.for_devices for replicas)")
+        if self.parallel.replicas != 1:
+            raise ParallelConfigError("replicas: a rank group runs one job at a time; use "
+                                      "Engine.for_devices for independent replicas")
+        self.parallel.validate(devices=self.parallel.world_size)
         self.timeout_s = timeout_s
         self._ctx = mp.get_context("spawn")
         self._procs: list | None = None
@@ -105,6 +138,7 @@ class RankGroupWorker(Worker):
         self._running: str | None = None
         self._lock = threading.Lock()
         self._closing = False
+        self._cancel = self._ctx.Event()
 
     @property
     def pids(self) -> list[int]:
@@ -127,7 +161,7 @@ class RankGroupWorker(Worker):
         self._procs = [self._ctx.Process(
             target=_rank_main, name=f"studio-rank-{r}", daemon=True,
             args=(r, world, port, backend, self.timeout_s, self.config, self.parallel,
-                  self._jobs[r], self._events)) for r in range(world)]
+                  self._jobs[r], self._events, self._cancel)) for r in range(world)]
         for p in self._procs:
             p.start()
         threading.Thread(target=self._read, args=(self._procs, self._events),
@@ -204,19 +238,34 @@ class RankGroupWorker(Worker):
                 self._spawn()
             self._running = job.job_id
             jobs = self._jobs
+            self._cancel.clear()
         for q in jobs:
             q.put(job)
 
     def cancel(self, job_id: str) -> None:
+        """Asks the ranks to stop ``job_id`` at their next step (they agree on which); the
+        group stays up. A group that has not stopped within the collective timeout is torn
+        down and the job reported cancelled."""
         with self._lock:
             running = self._running == job_id
             procs = self._procs
-            if running:
-                self._running = None
-        if running and procs is not None:
-            self._teardown(procs)
-            if self._on_event is not None:
-                self._on_event(ev.Cancelled(job_id, 0))
+        if not running or procs is None:
+            return
+        self._cancel.set()
+
+        def stuck() -> None:
+            with self._lock:
+                still = self._running == job_id and self._procs is procs
+                if still:
+                    self._running = None
+            if still:
+                self._teardown(procs)
+                if self._on_event is not None:
+                    self._on_event(ev.Cancelled(job_id, 0))
+
+        timer = threading.Timer(self.timeout_s + 5.0, stuck)
+        timer.daemon = True
+        timer.start()
 
     def close(self) -> None:
         self._closing = True

@@ -1,0 +1,178 @@
+"""Ring attention over a process group, on our attention kernel (which returns the
+log-sum-exp), with the key/value exchange of each ring step overlapped with the attention
+of the previous block.
+
+Each of the ``n`` ranks holds ``S/n`` query, key and value tokens. In ``n`` steps every rank
+attends its queries to every rank's key/value block, merging the partial results with their
+log-sum-exps (the online-softmax merge of FlashAttention); while it computes step ``i`` it
+already sends its current block to the next rank and receives the next block from the
+previous one (asynchronous point-to-point, ``batch_isend_irecv``), so the exchange hides
+behind the compute. diffusers' ring template all-gathers every block up front instead
+(``rotate_method="allgather"``: one exposed collective, ``n`` blocks of memory).
+
+Sources: Liu et al., "Ring Attention with Blockwise Transformers for Near-Infinite
+Context", 2023; the log-sum-exp merge from Dao et al., "FlashAttention", 2022.
+
+Models enter through diffusers' context-parallel plans: :func:`install_ring_backend` makes
+a transformer's attention processors call :func:`context_parallel_attention` (ring when the
+ring degree is > 1 alone; diffusers' unified template with our log-sum-exp forward when
+Ulysses and ring are combined), scoped to that transformer's forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from diffusers.hooks import HookRegistry, ModelHook
+
+from studio.kernels.attention import attention
+
+_HOOK = "studio_ring_attention"
+# the registered diffusers backend whose slot our function fills during the forward: it
+# is one diffusers accepts for context parallelism, and its signature is the one we take
+BACKEND = "_native_flash"
+
+
+def _merge(out, lse, block_out, block_lse):
+    """Online-softmax merge of two partial attentions (float32 out, lse)."""
+    if out is None:
+        return block_out, block_lse
+    new_lse = torch.logaddexp(lse, block_lse)
+    out = out * torch.exp(lse - new_lse)[..., None] + block_out * torch.exp(
+        block_lse - new_lse)[..., None]
+    return out, new_lse
+
+
+def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, group,
+                   scale: float | None = None, overlap: bool = True
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of the local queries to the whole ring's keys and values.
+
+    Args:
+        query, key, value: (batch, local_tokens, heads, head_dim), diffusers' model layout;
+            every rank holds the same number of tokens.
+        group: the ring's process group (its rank order is the ring order).
+        scale: softmax scale (default 1/sqrt(head_dim)).
+        overlap: exchange the next block while computing this one (False: wait for each
+            exchange before computing, for measuring what the overlap hides).
+
+    Returns:
+        out (batch, local_tokens, heads, head_dim) in query's dtype, and the log-sum-exp
+        (batch, local_tokens, heads) float32 over all keys of the ring.
+
+    Bytes each rank sends per call: ``(n - 1) × (key + value)`` bytes of its local block.
+    """
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    following = dist.get_global_rank(group, (rank + 1) % world)
+    preceding = dist.get_global_rank(group, (rank - 1) % world)
+    q = query.transpose(1, 2).contiguous()
+    k, v = key, value
+    out = lse = None
+    for step in range(world):
+        pending = None
+        if step < world - 1:
+            outgoing = torch.cat([k.reshape(-1), v.reshape(-1)])
+            incoming = torch.empty_like(outgoing)
+            pending = dist.batch_isend_irecv([
+                dist.P2POp(dist.isend, outgoing, following, group),
+                dist.P2POp(dist.irecv, incoming, preceding, group)])
+            if not overlap:
+                for request in pending:
+                    request.wait()
+        block_out, block_lse = attention(q, k.transpose(1, 2).contiguous(),
+                                         v.transpose(1, 2).contiguous(), scale=scale)
+        out, lse = _merge(out, lse, block_out.float(), block_lse)
+        if pending is not None:
+            for request in pending:
+                request.wait()
+            k = incoming[:k.numel()].view_as(k)
+            v = incoming[k.numel():].view_as(v)
+    return out.to(query.dtype).transpose(1, 2), lse.transpose(1, 2)
+
+
+def _lse_forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                    scale=None, enable_gqa=False, return_lse=False, _save_ctx=True,
+                    _parallel_config=None):
+    """diffusers' forward-op contract on our kernel: (B, S, H, D) in, out (and lse (B, S, H))."""
+    if attn_mask is not None or dropout_p or is_causal or enable_gqa:
+        raise ValueError("ring attention: masks, dropout, causal and GQA are not supported")
+    out, lse = attention(*(x.transpose(1, 2).contiguous() for x in (query, key, value)),
+                         scale=scale)
+    out = out.transpose(1, 2)
+    return (out, lse.transpose(1, 2)) if return_lse else out
+
+
+def _no_backward_op(ctx, grad_out, *args, **kwargs):
+    raise NotImplementedError("ring attention here is inference-only")
+
+
+def context_parallel_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                               is_causal=False, scale=None, enable_gqa=False,
+                               return_lse=False, _parallel_config=None):
+    """A diffusers attention backend: our ring when only the ring degree is > 1, diffusers'
+    templated Ulysses/unified attention on our log-sum-exp kernel otherwise, and plain
+    attention without a parallel config. Tensors (B, S, H, D) as diffusers passes them.
+
+    Raises:
+        ValueError: an attention mask, dropout, causal or GQA attention (not supported).
+    """
+    if _parallel_config is None:
+        out = _lse_forward_op(None, query, key, value, attn_mask, dropout_p, is_causal, scale,
+                              enable_gqa, return_lse)
+        return out
+    cp = _parallel_config.context_parallel_config
+    if cp.ring_degree > 1 and cp.ulysses_degree == 1:
+        if attn_mask is not None or dropout_p or is_causal or enable_gqa:
+            raise ValueError("ring attention: masks, dropout, causal and GQA are not "
+                             "supported")
+        out, lse = ring_attention(query, key, value, group=cp._ring_mesh.get_group(),
+                                  scale=scale)
+        return (out, lse) if return_lse else out
+    from diffusers.models.attention_dispatch import _templated_context_parallel_attention
+
+    return _templated_context_parallel_attention(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
+        forward_op=_lse_forward_op, backward_op=_no_backward_op,
+        _parallel_config=_parallel_config)
+
+
+@contextlib.contextmanager
+def _backend_slot():
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+    name = AttentionBackendName(BACKEND)
+    saved = _AttentionBackendRegistry._backends[name]
+    _AttentionBackendRegistry._backends[name] = context_parallel_attention
+    try:
+        yield
+    finally:
+        _AttentionBackendRegistry._backends[name] = saved
+
+
+class _RingScopeHook(ModelHook):
+    """Fills diffusers' backend slot with :func:`context_parallel_attention` for the
+    duration of this transformer's forward only (nothing changes outside it)."""
+
+    def new_forward(self, module, *args, **kwargs):
+        with _backend_slot():
+            return self.fn_ref.original_forward(*args, **kwargs)
+
+
+def install_ring_backend(transformer: torch.nn.Module) -> None:
+    """Points ``transformer``'s attention processors at :func:`context_parallel_attention`
+    (call before ``enable_parallelism``; the swap is scoped to the transformer's forward).
+    """
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    # per processor, as set_attention_backend does, but without its global side effect
+    # (it also makes the backend the process-wide default)
+    for module in transformer.modules():
+        processor = getattr(module, "processor", None)
+        if processor is not None and hasattr(processor, "_attention_backend"):
+            processor._attention_backend = AttentionBackendName(BACKEND)
+    registry = HookRegistry.check_if_exists_or_initialize(transformer)
+    if registry.get_hook(_HOOK) is None:
+        registry.register_hook(_RingScopeHook(), _HOOK)
