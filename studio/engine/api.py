@@ -74,7 +74,8 @@ class Engine:
 
     Args:
         worker: the worker to use (default: a :class:`ThreadWorker`), or ``workers``.
-        config: used to build the default worker(s).
+        config: used to build the default worker(s); a ``config.parallel`` plan of more
+            than one rank builds a rank-group worker.
         in_process: with no ``worker``, ``False`` runs the engine in a child process.
         workers: several workers (e.g. one per GPU, see :meth:`for_devices`).
     """
@@ -84,7 +85,12 @@ class Engine:
         if workers is None:
             if worker is None:
                 config = config or WorkerConfig()
-                worker = ThreadWorker(config) if in_process else ProcessWorker(config)
+                if config.parallel.world_size > 1:  # one job split over a group of ranks
+                    from studio.engine.parallel.worker import RankGroupWorker
+
+                    worker = RankGroupWorker(config, config.parallel)
+                else:
+                    worker = ThreadWorker(config) if in_process else ProcessWorker(config)
             workers = [worker]
         if not workers:
             raise ValueError("workers: at least one worker is needed")

@@ -27,6 +27,7 @@ from studio.engine.job import Job
 from studio.engine.memory import NotEnoughMemory
 from studio.engine.models.folders import ModelError
 from studio.engine.models.registry import ModelEntry, ModelRegistry
+from studio.engine.parallel.config import ParallelConfigError
 from studio.engine.pipelines.base import FamilyRunner, JobCancelled
 from studio.paths import log_dir
 
@@ -339,6 +340,8 @@ class JobExecutor:
             result = ev.Failed(jid, ev.MODEL_ERROR, str(exc))
         except NotEnoughMemory as exc:
             result = ev.Failed(jid, ev.OUT_OF_MEMORY, str(exc))
+        except ParallelConfigError as exc:  # the model does not take the group's plan
+            result = ev.Failed(jid, ev.BAD_INPUT, f"multi-GPU plan: {exc}")
         except torch.OutOfMemoryError as exc:
             result = ev.Failed(jid, ev.OUT_OF_MEMORY, f"out of memory: {str(exc)[:200]}")
         except Exception as exc:  # a bug: keep the worker alive, report it, keep the trace

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from studio.engine import events as ev
+from studio.engine.parallel.config import ParallelConfig
 
 EventFn = Callable[[ev.JobEvent], None]
 
@@ -45,6 +46,8 @@ class WorkerConfig:
         preload: model ids a child-process worker loads as soon as it starts, so the first
             job does not wait for imports and loading (errors are left for that job to report).
         memory_budget_gb: device memory the engine may use, GiB (0: what is free).
+        parallel: the multi-GPU plan; more than one rank runs each job on a rank group
+            (:class:`~studio.engine.parallel.worker.RankGroupWorker`).
     """
 
     model_folders: tuple[str, ...] = ()
@@ -54,6 +57,7 @@ class WorkerConfig:
     max_loaded: int = 2
     preload: tuple[str, ...] = ()
     memory_budget_gb: float = 0.0
+    parallel: ParallelConfig = ParallelConfig()
 
     def build_executor(self):
         import torch

@@ -48,7 +48,7 @@ from studio.core.media import UserImage, decode_user_image, load_user_image
 from studio.core.request import GenerationRequest, MediaRef
 from studio.engine import events as ev
 from studio.engine.api import Engine, EventStream
-from studio.engine.worker import ProcessWorker, WorkerConfig
+from studio.engine.worker import WorkerConfig
 from studio.store.media import StagedMedia
 from studio.store.project import Project
 from studio.ui.background import Background
@@ -97,7 +97,7 @@ class StudioController(QObject):
     Args:
         project: the open project (document + media store).
         background: the thread pool for file work.
-        config: settings for the default engine (a ProcessWorker).
+        config: settings for the default engine (a ProcessWorker, or a rank group for a multi-GPU plan).
         engine_factory: makes the engine instead (tests: a ThreadWorker engine).
 
     Signals:
@@ -143,7 +143,7 @@ class StudioController(QObject):
     def _make_engine(self) -> Engine:
         if self._factory is not None:
             return self._factory()
-        return Engine(ProcessWorker(self.config))
+        return Engine(config=self.config, in_process=False)  # a rank group for multi-GPU plans
 
     async def start(self) -> None:
         """Starts the engine and submits the queued variants (call on the running loop)."""

@@ -1,9 +1,11 @@
 """Application settings (QSettings) and the Settings dialog.
 
-Kept across restarts: model folders, device (auto/cpu/cuda), memory budget, the window's
-geometry and dock layout, the last project. Model folders and the device are passed to the
-engine's :class:`~studio.engine.worker.WorkerConfig`, the memory budget included (the engine's
-memory planner fits each job into it, :mod:`studio.engine.memory`).
+Kept across restarts: model folders, device (auto/cpu/cuda), memory budget, multi-GPU plan,
+the window's geometry and dock layout, the last project. Model folders and the device are
+passed to the engine's :class:`~studio.engine.worker.WorkerConfig`, the memory budget
+included (the engine's memory planner fits each job into it, :mod:`studio.engine.memory`),
+and the plan (one job split over several GPUs, :mod:`studio.engine.parallel`): the dialog
+offers only the plans that fit the GPUs this machine shows.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.engine.parallel.config import ParallelConfig, available_plans, visible_gpus
 from studio.engine.worker import WorkerConfig
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -82,6 +85,20 @@ class AppSettings:
         self.qsettings.setValue("engine/memory_budget_gb", float(value))
 
     @property
+    def parallel_plan(self) -> ParallelConfig:
+        """The multi-GPU plan; the single device when none is set or the stored plan no
+        longer fits the GPUs present."""
+        stored = str(self._get("engine/parallel", ""))
+        for _, plan in available_plans(visible_gpus()):
+            if stored == _plan_key(plan):
+                return plan
+        return ParallelConfig()
+
+    @parallel_plan.setter
+    def parallel_plan(self, plan: ParallelConfig) -> None:
+        self.qsettings.setValue("engine/parallel", _plan_key(plan))
+
+    @property
     def last_project(self) -> str:
         """The folder of the project opened last ("" if none)."""
         return str(self._get("app/last_project", ""))
@@ -106,7 +123,12 @@ class AppSettings:
     def worker_config(self) -> WorkerConfig:
         """The engine configuration these settings describe."""
         return WorkerConfig(model_folders=tuple(self.model_folders), device=self.device,
-                            preload=("embedded",), memory_budget_gb=self.memory_budget_gb)
+                            preload=("embedded",), memory_budget_gb=self.memory_budget_gb,
+                            parallel=self.parallel_plan)
+
+
+def _plan_key(plan: ParallelConfig) -> str:
+    return f"ulysses={plan.ulysses_degree},ring={plan.ring_degree},cfg={plan.cfg_degree}"
 
 
 class SettingsDialog(QDialog):
@@ -138,10 +160,23 @@ class SettingsDialog(QDialog):
         self.memory = QDoubleSpinBox(minimum=0.0, maximum=4096.0, decimals=1, suffix=" GiB",
                                      specialValueText="automatic")
         self.memory.setValue(settings.memory_budget_gb)
+        self.plan = QComboBox()
+        self.plans = available_plans(visible_gpus())
+        for label, plan in self.plans:
+            self.plan.addItem(label)
+            if plan == settings.parallel_plan:
+                self.plan.setCurrentIndex(self.plan.count() - 1)
+        self.plan.setEnabled(len(self.plans) > 1)
+        self.plan.setToolTip(
+            "How one job is split over the GPUs: CFG runs the two guidance branches on two "
+            "GPUs; Ulysses and ring split the image or video tokens (Ulysses needs the "
+            "model's attention heads to divide by its degree). The plan that ran is recorded "
+            "with each result.")
         form = QFormLayout()
         form.addRow("Model folders", folder_box)
         form.addRow("Device", self.device)
         form.addRow("Memory budget", self.memory)
+        form.addRow("Multi-GPU plan", self.plan)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
                                    | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
@@ -161,4 +196,5 @@ class SettingsDialog(QDialog):
                                        for i in range(self.folders.count())]
         self.settings.device = self.device.currentText()
         self.settings.memory_budget_gb = self.memory.value()
+        self.settings.parallel_plan = self.plans[self.plan.currentIndex()][1]
         self.settings.qsettings.sync()

@@ -365,3 +365,30 @@ def test_embedded_model_under_each_two_rank_plan(ranks, degrees):
     assert "6 forecast" in want[1][2][0]  # the balanced profile's cache does skip here
     name = next(iter(degrees)).removesuffix("_degree")
     check_plan_results(ranks.run(plan_rank, degrees, requests), want, f"{name} 2 (2 ranks)")
+
+
+def test_plan_catalogue_and_engine_wiring():
+    """The plans offered per GPU count, and the engine building a rank group for a plan;
+    a CFG plan refuses a job without guidance before any rank starts."""
+    from studio.engine import events as ev
+    from studio.engine.api import Engine
+    from studio.engine.job import Job
+    from studio.engine.parallel import available_plans
+    from studio.engine.parallel.worker import RankGroupWorker
+    from studio.engine.worker import WorkerConfig
+
+    assert [label for label, _ in available_plans(1)] == ["single device"]
+    assert [label for label, _ in available_plans(2)] == [
+        "single device", "cfg 2 (2 ranks)", "ulysses 2 (2 ranks)", "ring 2 (2 ranks)"]
+    eight = available_plans(8)
+    assert len(eight) == 13 and all(p.world_size <= 8 for _, p in eight)
+    assert "ulysses 4 × ring 2 (8 ranks)" in [label for label, _ in eight]
+    engine = Engine(config=WorkerConfig(parallel=ParallelConfig(cfg_degree=2)))
+    assert isinstance(engine.worker, RankGroupWorker)
+    seen = []
+    engine.worker.start(seen.append)
+    engine.worker.run(Job("j1", embedded_request(guidance_scale=1.0)))
+    assert engine.worker.pids == []  # refused before starting any rank
+    [failed] = seen
+    assert isinstance(failed, ev.Failed) and failed.kind == ev.BAD_INPUT
+    assert failed.message.startswith("guidance_scale: 1.0 runs one branch")

@@ -74,3 +74,25 @@ def test_tiny_wan_under_ulysses_times_cfg(ranks, tiny_models):
     # the uncond rank of each pair ran one more denoiser call, so it moved 4/3 as much
     assert by_coordinate[(1, 0, 0)][1]["all_to_all_single"] * 3 == \
         by_coordinate[(0, 0, 0)][1]["all_to_all_single"] * 4
+
+
+def _refused_rank(rank, world):
+    from studio.engine.executor import JobExecutor
+    from studio.engine.job import Job
+    from studio.engine.models.registry import ModelRegistry
+    from studio.engine.parallel.mesh import ParallelMesh
+    from studio.engine.parallel.worker import apply_parallel_plan
+
+    config = ParallelConfig(ulysses_degree=4)
+    mesh = ParallelMesh.build(config)
+    executor = JobExecutor(ModelRegistry(include_hf_cache=False), torch.device("cpu"))
+    executor.on_runner_loaded = lambda runner: apply_parallel_plan(runner, config, mesh)
+    event = executor.execute(Job("job", embedded_request()), lambda e: None, lambda: False)
+    return event.kind, event.message
+
+
+def test_a_plan_the_model_cannot_take_fails_the_job_clearly(ranks):
+    for kind, message in ranks.run(_refused_rank):
+        assert kind == "bad_input"
+        assert message == ("multi-GPU plan: ulysses_degree: 4 does not divide the model's 2 "
+                           "attention heads")

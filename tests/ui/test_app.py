@@ -85,3 +85,27 @@ def test_settings_dialog_applies_and_the_engine_restarts(tmp_path, loop, make_wi
     fill_prompt(w, "after the restart")
     [vid] = w.generate()
     run(loop, until(lambda: project.document.variant(vid).status == Status.DONE, 90))
+
+
+def test_settings_offer_the_multi_gpu_plans_that_fit(tmp_path, make_window, monkeypatch):
+    import studio.ui.settings as settings_module
+    from studio.engine.parallel import ParallelConfig
+    from studio.ui.settings import SettingsDialog
+
+    w = make_window(Project.create(tmp_path / "project"))
+    monkeypatch.setattr(settings_module, "visible_gpus", lambda: 4)
+    dialog = SettingsDialog(w.settings, w)
+    labels = [dialog.plan.itemText(i) for i in range(dialog.plan.count())]
+    assert labels[0] == "single device" and dialog.plan.isEnabled()
+    assert "ulysses 2 × cfg 2 (4 ranks)" in labels and "ring 4 (4 ranks)" in labels
+    assert not any("8 ranks" in label for label in labels)  # only what 4 GPUs can run
+    dialog.plan.setCurrentIndex(labels.index("ulysses 2 × cfg 2 (4 ranks)"))
+    dialog.apply()
+    plan = ParallelConfig(ulysses_degree=2, cfg_degree=2)
+    assert w.settings.parallel_plan == plan and w.settings.worker_config().parallel == plan
+    assert SettingsDialog(w.settings, w).plan.currentText() == "ulysses 2 × cfg 2 (4 ranks)"
+    # the GPUs went away: only the single device is offered and used
+    monkeypatch.setattr(settings_module, "visible_gpus", lambda: 0)
+    dialog = SettingsDialog(w.settings, w)
+    assert dialog.plan.count() == 1 and not dialog.plan.isEnabled()
+    assert w.settings.worker_config().parallel == ParallelConfig()

@@ -9,7 +9,9 @@ branches on different ranks (as xDiT does); replicas run independent jobs.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 
 class ParallelConfigError(ValueError):
@@ -77,3 +79,52 @@ class ParallelConfig:
                 f"ulysses_degree × ring_degree = {self.sequence_degree} does not divide the "
                 f"sequence of {sequence_length} tokens (padding is not supported: change the "
                 f"size or frame count)")
+
+
+def describe_plan(parallel: ParallelConfig) -> str:
+    """A short name for a plan, recorded with each finished job and shown in the settings,
+    e.g. ``"ulysses 2 × cfg 2 (4 ranks)"`` or ``"single device"``."""
+    parts = [f"{name} {degree}" for name, degree in (
+        ("ulysses", parallel.ulysses_degree), ("ring", parallel.ring_degree),
+        ("cfg", parallel.cfg_degree)) if degree > 1]
+    if not parts:
+        return "single device"
+    return " × ".join(parts) + f" ({parallel.world_size} ranks)"
+
+
+def available_plans(gpus: int) -> list[tuple[str, ParallelConfig]]:
+    """The plans a machine with ``gpus`` GPUs can run, as (label, config), single device
+    first. For each group size n in 2, 4, 8 (≤ gpus): CFG 2 (n = 2), Ulysses n, ring n,
+    and CFG 2 × Ulysses n/2 and × ring n/2 (n ≥ 4); with 8, Ulysses 4 × ring 2 as well.
+    Whether a model takes a plan (heads divisible by the Ulysses degree, a sequence that
+    splits evenly, guidance on for CFG) is checked when a job runs, with a clear error.
+    """
+    plans = [ParallelConfig()]
+    for n in (2, 4, 8):
+        if n > gpus:
+            break
+        if n == 2:
+            plans.append(ParallelConfig(cfg_degree=2))
+        plans += [ParallelConfig(ulysses_degree=n), ParallelConfig(ring_degree=n)]
+        if n >= 4:
+            plans += [ParallelConfig(ulysses_degree=n // 2, cfg_degree=2),
+                      ParallelConfig(ring_degree=n // 2, cfg_degree=2)]
+        if n == 8:
+            plans.append(ParallelConfig(ulysses_degree=4, ring_degree=2))
+    return [(describe_plan(p), p) for p in plans]
+
+
+def visible_gpus() -> int:
+    """NVIDIA GPUs this process may use, counted without importing torch (the GUI thread
+    calls it): the driver's entries under /proc/driver/nvidia/gpus, limited by
+    ``CUDA_VISIBLE_DEVICES`` when it is set. 0 on a machine without the driver."""
+    root = Path("/proc/driver/nvidia/gpus")
+    try:
+        present = sum(1 for _ in root.iterdir())
+    except OSError:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return present
+    entries = [v for v in visible.split(",") if v.strip() and not v.strip().startswith("-")]
+    return min(present, len(entries))

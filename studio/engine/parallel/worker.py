@@ -27,7 +27,7 @@ import threading
 from dataclasses import replace
 
 from studio.engine import events as ev
-from studio.engine.parallel.config import ParallelConfig, ParallelConfigError
+from studio.engine.parallel.config import ParallelConfig, ParallelConfigError, describe_plan
 from studio.engine.worker import EventFn, Worker, WorkerConfig
 
 
@@ -48,17 +48,6 @@ def apply_parallel_plan(runner, parallel: ParallelConfig, mesh=None) -> None:
             apply_sequence_parallel(module, parallel, mesh)
         if parallel.cfg_degree == 2:
             apply_cfg_parallel(module, mesh.cfg_group if mesh is not None else None)
-
-
-def describe_plan(parallel: ParallelConfig) -> str:
-    """A short name for a plan, recorded with each finished job, e.g. ``"ulysses 2 × cfg 2
-    (4 ranks)"`` or ``"single device"``."""
-    parts = [f"{name} {degree}" for name, degree in (
-        ("ulysses", parallel.ulysses_degree), ("ring", parallel.ring_degree),
-        ("cfg", parallel.cfg_degree)) if degree > 1]
-    if not parts:
-        return "single device"
-    return " × ".join(parts) + f" ({parallel.world_size} ranks)"
 
 
 def _rank_main(rank, world, port, backend, timeout_s, config, parallel, jobs, events, cancel):
@@ -124,7 +113,10 @@ class RankGroupWorker(Worker):
         import multiprocessing as mp
 
         self.config = config or WorkerConfig()
-        self.parallel = parallel or ParallelConfig(cfg_degree=2)
+        if parallel is None:
+            parallel = (self.config.parallel if self.config.parallel.world_size > 1
+                        else ParallelConfig(cfg_degree=2))
+        self.parallel = parallel
         if self.parallel.replicas != 1:
             raise ParallelConfigError("replicas: a rank group runs one job at a time; use "
                                       "Engine.for_devices for independent replicas")
@@ -229,6 +221,13 @@ class RankGroupWorker(Worker):
             self._on_event(ev.Failed(running, ev.WORKER_DIED, _died(dead)))
 
     def run(self, job) -> None:
+        if self.parallel.cfg_degree == 2 and job.request.guidance_scale <= 1.0:
+            if self._on_event is not None:  # nothing for the second branch's rank to do
+                self._on_event(ev.Failed(job.job_id, ev.BAD_INPUT, (
+                    f"guidance_scale: {job.request.guidance_scale} runs one branch, but the "
+                    f"multi-GPU plan {describe_plan(self.parallel)} splits the two guidance "
+                    f"branches; use a guidance scale > 1 or another plan in Settings")))
+            return
         with self._lock:
             procs = self._procs
         if procs is not None and self._dead_ranks(procs):
