@@ -4,7 +4,7 @@ import importlib
 import sys
 
 BENCHMARKS = {"cpu": "bench.cpu", "precision": "bench.precision", "preview": "bench.preview", "gpu-kernels": "bench.gpu.kernels",
-              "ui-stalls": "bench.ui_stalls"}
+              "ui-stalls": "bench.ui_stalls", "scaling": "bench.scaling"}
 
 
 def main() -> int:

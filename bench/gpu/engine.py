@@ -7,7 +7,9 @@ events (median), for:
 * attention: PyTorch SDPA (stock) vs our kernels routed in by ``studio.engine.attention``
   (``flash``, ``sage``; ``sparse`` on the video model), output cosine similarity to stock;
 * precision: torchao int8-dynamic / fp8-dynamic on the denoiser (if torchao imports);
-* the step cache's overhead on a full step (hooks on, threshold 0: must be ~free).
+* the step cache's overhead on a full step (hooks on, threshold 0: must be ~free);
+* the parallel code path at degree 1 (a 1-rank group: mesh, per-step cancel all-reduce and
+  host sync), which must cost ≤ 3% of a step.
 
 Quality of these levers on a *trained* model is measured on the embedded model
 (``python -m bench cpu`` / ``precision``); random weights only give speed and numerical
@@ -104,6 +106,33 @@ def models(device: torch.device, smoke: bool):
             ("flux-12b 1024²" if not smoke else "flux-tiny", flux, flux_in)]
 
 
+def degree_one_rank_group(device: torch.device):
+    """What a rank-group worker adds to each step when its plan has degree 1: a 1-rank
+    process group (NCCL/gloo) with the (cfg, ring, ulysses) mesh, and per step the 4-byte
+    all-reduce of the cancel flag and its host sync. Returns that per-step call."""
+    import os
+
+    import torch.distributed as dist
+
+    from studio.engine.parallel import ParallelConfig
+    from studio.engine.parallel.launch import free_port
+    from studio.engine.parallel.mesh import ParallelMesh
+
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0,
+                                world_size=1)
+        ParallelMesh.build(ParallelConfig())
+    flag = torch.zeros(1, dtype=torch.int32, device=device)
+
+    def per_step() -> None:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        flag.item()
+
+    return per_step
+
+
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(a.float().flatten(), b.float().flatten(),
                                                        dim=0))
@@ -149,6 +178,19 @@ def main(argv: list[str] | None = None) -> int:
             remove_step_cache(model)
             rows.append(dict(model=name, lever="step cache hooks (threshold 0)",
                              ms=seconds * 1e3, speedup=base_s / seconds, cosine=1.0))
+            per_step = degree_one_rank_group(device)
+
+            def fwd_in_group(fwd=fwd, per_step=per_step):
+                per_step()
+                return fwd()
+
+            out = fwd_in_group().clone()
+            seconds = cuda_time(fwd_in_group, device)
+            rows.append(dict(model=name, lever="parallel path at degree 1 (rank group)",
+                             ms=seconds * 1e3, speedup=base_s / seconds,
+                             cosine=cosine(out, stock),
+                             note="overhead " + f"{(seconds / base_s - 1) * 100:+.1f}%"))
+            log(f"{name}: degree-1 rank group {seconds * 1e3:.1f} ms")
         from studio.engine.precision import apply_precision, precision_supported
 
         precision = ("fp8-dynamic" if precision_supported("fp8-dynamic", device) is None
