@@ -25,7 +25,15 @@ import numpy as np
 
 from studio.core.request import GenerationRequest
 from studio.engine import events as ev
+from studio.engine.parallel.config import (  # the multi-GPU plans, for the studio's settings
+    ParallelConfig,
+    available_plans,
+    describe_plan,
+    visible_gpus,
+)
 from studio.engine.worker import ProcessWorker, ThreadWorker, Worker, WorkerConfig
+
+__all__ = ["Engine", "EventStream", "ParallelConfig", "available_plans", "describe_plan", "visible_gpus"]
 
 
 class EventStream:

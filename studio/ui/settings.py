@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.engine.parallel.config import ParallelConfig, available_plans, visible_gpus
+from studio.engine.api import ParallelConfig, available_plans, visible_gpus
 from studio.engine.worker import WorkerConfig
 
 DEVICES = ("auto", "cpu", "cuda")

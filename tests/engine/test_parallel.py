@@ -288,22 +288,23 @@ def embedded_request(**kw):
     return GenerationRequest(**base, optimization=OptimizationSettings(profile=profile))
 
 
-def run_embedded(executor, request):
-    """The embedded model's float frames (F, H, W, 3) in [0, 1] through the studio's own
-    loading path (registry, runner, profile levers), and the plan the executor records."""
+def run_embedded(executor, request, inputs=None):
+    """The model's float frames (F, H, W, 3) in [0, 1] through the studio's own loading
+    path (registry, runner, profile levers), and the plan the executor records."""
     from studio.engine.job import Job
     from studio.engine.profiles import levers_for
 
-    request, entry = executor.prepare(Job("job", request))
+    inputs = inputs or {}
+    request, entry = executor.prepare(Job("job", request, inputs))
     levers = levers_for(request.optimization.profile, executor.device, entry.tuning)
     runner, _ = executor.runner_for(entry, levers.precision)
     with torch.inference_mode():
-        out = runner.run(request, {}, lambda *args: None)
+        out = runner.run(request, inputs, lambda *args: None)
     cache = [n for n in out.notes if n.startswith("step cache:")]
     return np.asarray(out.frames), executor.environment().parallel, cache
 
 
-def plan_rank(rank, world, degrees, requests):
+def plan_rank(rank, world, degrees, requests, inputs=None):
     """On each rank: an executor whose runners get the plan at load (as the rank-group
     worker does), running each request on the embedded model."""
     from studio.engine.executor import JobExecutor
@@ -316,7 +317,13 @@ def plan_rank(rank, world, degrees, requests):
     executor = JobExecutor(ModelRegistry(include_hf_cache=False), torch.device("cpu"))
     executor.parallel_plan = describe_plan(config)
     executor.on_runner_loaded = lambda runner: apply_parallel_plan(runner, config, mesh)
-    return tuple(mesh.mesh.get_coordinate()), [run_embedded(executor, r) for r in requests]
+    from studio.engine.parallel.comm import CommunicationLog
+
+    runs = []
+    for r in requests:
+        with CommunicationLog() as log:
+            runs.append(run_embedded(executor, r, inputs) + (dict(log.sent),))
+    return tuple(mesh.mesh.get_coordinate()), runs
 
 
 def _cache_counts(notes: list[str]) -> tuple[int, int]:
@@ -334,7 +341,7 @@ def check_plan_results(results, want, plan_name):
     by_coordinate = {}
     for coordinate, runs in results:
         by_coordinate[coordinate] = runs
-        for (frames, plan, _), (reference, _, _) in zip(runs, want, strict=True):
+        for (frames, plan, _, _), (reference, _, _) in zip(runs, want, strict=True):
             assert np.abs(frames - reference).max() <= 1e-5
             assert plan == plan_name
     for index, (_, _, want_cache) in enumerate(want):
@@ -353,12 +360,12 @@ def check_plan_results(results, want, plan_name):
             assert cond[0] + uncond[0] == full + 1
 
 
-def embedded_reference(requests):
+def embedded_reference(requests, inputs=None):
     from studio.engine.executor import JobExecutor
     from studio.engine.models.registry import ModelRegistry
 
     executor = JobExecutor(ModelRegistry(include_hf_cache=False), torch.device("cpu"))
-    return [run_embedded(executor, r) for r in requests]
+    return [run_embedded(executor, r, inputs) for r in requests]
 
 
 @pytest.mark.parametrize("degrees", [dict(cfg_degree=2), dict(ulysses_degree=2),
@@ -398,3 +405,45 @@ def test_plan_catalogue_and_engine_wiring():
     [failed] = seen
     assert isinstance(failed, ev.Failed) and failed.kind == ev.BAD_INPUT
     assert failed.message.startswith("guidance_scale: 1.0 runs one branch")
+
+
+@pytest.mark.parametrize("scheme", ["ulysses", "ring"])
+def test_wan_vace_reference_to_video_under_our_own_plan(ranks, tmp_path_factory, scheme):
+    """diffusers has no context-parallel plan for Wan VACE; ours splits the VACE branch
+    too. Reference-to-video gives the single-process frames (the step cache declines VACE
+    for now, see the caching issue)."""
+    from studio.core.media import pixels_content_id
+    from studio.core.request import MediaRef
+    from studio.testing.tiny_pipelines import build_tiny_wan_vace
+
+    folder = build_tiny_wan_vace(tmp_path_factory.mktemp("vace-par") / "vace")
+    image = (np.random.default_rng(9).random((32, 32, 3)) * 255).astype(np.uint8)
+    ref = MediaRef(pixels_content_id(image), "ref.png")
+    inputs = {ref.content_id: image}
+    requests = [embedded_request(model=str(folder), mode="r2v", references=(ref,))]
+    want = embedded_reference(requests, inputs)
+    results = ranks.run(plan_rank, {f"{scheme}_degree": 2}, requests, inputs)
+    check_plan_results(results, want, f"{scheme} 2 (2 ranks)")
+    for _, [(_, _, _, sent)] in results:  # the tokens really were split and exchanged
+        assert sent["send" if scheme == "ring" else "all_to_all_single"] > 0
+
+
+def test_sd3_ring_under_our_own_plan_with_an_uneven_split(ranks, tmp_path_factory):
+    """SD3 calls SDPA itself and its text tokens do not divide evenly: our plan splits its
+    token embeddings unevenly and rings its joint attention. The single-process image, with
+    and without the cache; Ulysses is refused with the reason."""
+    from studio.testing.tiny_pipelines import build_tiny_sd
+
+    folder = build_tiny_sd(tmp_path_factory.mktemp("sd3-par") / "sd3", variant="sd3")
+    requests = [embedded_request(model=str(folder), mode="t2i", num_frames=1, width=64,
+                                 height=64),
+                embedded_request(model=str(folder), mode="t2i", num_frames=1, width=64,
+                                 height=64, profile="fast", steps=12)]
+    want = embedded_reference(requests)
+    assert " 0 forecast" not in want[1][2][0]
+    results = ranks.run(plan_rank, {"ring_degree": 2}, requests)
+    check_plan_results(results, want, "ring 2 (2 ranks)")
+    for _, runs in results:
+        assert runs[0][3]["send"] > 0
+    with pytest.raises(RuntimeError, match="splits its sequence with ring attention only"):
+        ranks.run(plan_rank, {"ulysses_degree": 2}, requests[:1])

@@ -135,21 +135,26 @@ def _metadata(block: torch.nn.Module) -> TransformerBlockMetadata:
     except ValueError:
         meta = None
     if meta is None:
-        # a block unknown to diffusers' registry: returns hidden_states alone, or
-        # (hidden_states, encoder_hidden_states) when its forward takes the latter
+        # a block unknown to diffusers' registry: returns hidden_states alone, or a second
+        # stream it also takes: (hidden_states, encoder_hidden_states) for joint text-image
+        # blocks, (hidden_states, audio_hidden_states) for LTX-2's audio-video blocks
         params = list(inspect.signature(type(block).forward).parameters)[1:]
+        second = ("audio_hidden_states" if "audio_hidden_states" in params
+                  else "encoder_hidden_states")
         meta = TransformerBlockMetadata(
             return_hidden_states_index=0,
             return_encoder_hidden_states_index=None,
+            encoder_hidden_states_argument_name=second,
         )
         meta._cls = type(block)
-        meta._takes_encoder = "encoder_hidden_states" in params  # type: ignore[attr-defined]
+        meta._takes_encoder = second in params  # type: ignore[attr-defined]
     return meta
 
 
 def _learn_format(meta: TransformerBlockMetadata, output) -> None:
-    """A block unknown to diffusers' registry that returned (hidden, encoder) on a full step
-    (HiDream's double-stream blocks): from now on its passthrough returns that pair too."""
+    """A block unknown to diffusers' registry that returned (hidden, second stream) on a full
+    step (HiDream's double-stream blocks, LTX-2's video+audio blocks): from now on its
+    passthrough returns that pair too."""
     if getattr(meta, "_takes_encoder", None) and isinstance(output, tuple) and \
             len(output) == 2 and meta.return_encoder_hidden_states_index is None:
         meta.return_encoder_hidden_states_index = 1

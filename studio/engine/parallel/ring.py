@@ -46,23 +46,26 @@ def _merge(out, lse, block_out, block_lse):
 
 
 def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, group,
-                   scale: float | None = None, overlap: bool = True
+                   scale: float | None = None, overlap: bool = True,
+                   block_tokens: list[int] | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of the local queries to the whole ring's keys and values.
 
     Args:
-        query, key, value: (batch, local_tokens, heads, head_dim), diffusers' model layout;
-            every rank holds the same number of tokens.
+        query, key, value: (batch, local_tokens, heads, head_dim), diffusers' model layout.
         group: the ring's process group (its rank order is the ring order).
         scale: softmax scale (default 1/sqrt(head_dim)).
         overlap: exchange the next block while computing this one (False: wait for each
             exchange before computing, for measuring what the overlap hides).
+        block_tokens: key/value tokens of each rank's block when they differ (an uneven
+            split); blocks then travel padded to the longest and the padding is masked.
+            None: every rank holds as many as this one.
 
     Returns:
         out (batch, local_tokens, heads, head_dim) in query's dtype, and the log-sum-exp
         (batch, local_tokens, heads) float32 over all keys of the ring.
 
-    Bytes each rank sends per call: ``(n - 1) × (key + value)`` bytes of its local block.
+    Bytes each rank sends per call: ``(n - 1) × (key + value)`` bytes of its (padded) block.
     """
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
@@ -70,6 +73,14 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     preceding = dist.get_global_rank(group, (rank - 1) % world)
     q = query.transpose(1, 2).contiguous()
     k, v = key, value
+    lengths = None
+    if block_tokens is not None and len(set(block_tokens)) > 1:
+        longest = max(block_tokens)
+        pad = longest - k.shape[1]
+        if pad:
+            k = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad))
+            v = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad))
+        lengths = block_tokens
     out = lse = None
     for step in range(world):
         pending = None
@@ -82,8 +93,13 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
             if not overlap:
                 for request in pending:
                     request.wait()
+        valid = None
+        if lengths is not None:  # the block held now came from rank - step
+            valid = torch.full((q.shape[0],), lengths[(rank - step) % world], dtype=torch.int32,
+                               device=q.device)
         block_out, block_lse = attention(q, k.transpose(1, 2).contiguous(),
-                                         v.transpose(1, 2).contiguous(), scale=scale)
+                                         v.transpose(1, 2).contiguous(), kv_lengths=valid,
+                                         scale=scale)
         out, lse = _merge(out, lse, block_out.float(), block_lse)
         if pending is not None:
             for request in pending:

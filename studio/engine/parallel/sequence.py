@@ -36,7 +36,8 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
     Ulysses) runs on our log-sum-exp attention (:mod:`studio.engine.parallel.ring`).
 
     Args:
-        transformer: a diffusers model with a ``_cp_plan``.
+        transformer: a diffusers model with a context-parallel plan (diffusers' ``_cp_plan``,
+            or ours in :mod:`studio.engine.parallel.plans`).
         config: the degrees.
         mesh: the group's mesh (:class:`ParallelMesh`); default: the whole initialized world
             as ``(ring, ulysses)``.
@@ -45,11 +46,27 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
         ParallelConfigError: the model has no context-parallel plan, or its heads do not
             divide by the Ulysses degree.
     """
+    import torch.distributed as dist
     from diffusers import ContextParallelConfig
 
-    if getattr(transformer, "_cp_plan", None) is None:
+    from studio.engine.parallel.plans import SDPA_PLANS, apply_sdpa_sequence_plan, plan_for
+
+    plan = plan_for(transformer)
+    own = SDPA_PLANS.get(type(transformer).__name__)
+    if plan is None and own is not None:
+        if config.ulysses_degree > 1:
+            raise ParallelConfigError(
+                f"ulysses_degree: {type(transformer).__name__} splits its sequence with ring "
+                f"attention only (its text tokens do not divide evenly); use ring_degree")
+        group = mesh.sequence_group if mesh is not None else dist.group.WORLD
+        apply_sdpa_sequence_plan(transformer, own, group)
+        transformer._studio_sequence_group = group
+        return
+    if plan is None:
         raise ParallelConfigError(f"sequence parallel: {type(transformer).__name__} has no "
-                                  f"context-parallel plan in diffusers")
+                                  f"context-parallel plan (diffusers has none, nor do we: "
+                                  f"its attention does not go through diffusers' "
+                                  f"dispatcher); use CFG parallelism for it")
     heads = getattr(transformer.config, "num_attention_heads", None)
     if heads is not None and heads % config.ulysses_degree:
         raise ParallelConfigError(f"ulysses_degree: {config.ulysses_degree} does not divide "
@@ -62,9 +79,7 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
 
         install_ring_backend(transformer)
     with _cpu_ranks():
-        transformer.enable_parallelism(config=cp)
+        transformer.enable_parallelism(config=cp, cp_plan=plan)
     # the step cache all-reduces its decision signal over this group (rank-consistent)
-    import torch.distributed as dist
-
     transformer._studio_sequence_group = (mesh.sequence_group if mesh is not None
                                           else dist.group.WORLD)

@@ -103,22 +103,6 @@ class LTX2Runner(FamilyRunner):
         audio = audio or guidance_scale  # as the pipeline reads it (None or 0: the video scale)
         return guidance_scale > 1.0 or audio > 1.0
 
-    def apply_profile(self, request: GenerationRequest) -> list[str]:
-        """The profile's levers without the step cache, which LTX-2 cannot take yet: its
-        blocks return ``(video, audio)`` where the cache expects ``(hidden, text)``, so a
-        forecast step would hand the text stream on as audio. Returns notes for the user."""
-        from dataclasses import replace
-
-        from studio.engine.profiles import apply_levers, levers_for
-
-        levers = levers_for(request.optimization.profile, self.device, self.entry.tuning)
-        notes = []
-        if levers.step_cache is not None:
-            levers = replace(levers, step_cache=None)
-            notes.append("step cache: not available for LTX-2 yet (its transformer blocks "
-                         "carry a video and an audio stream); ran without it")
-        return apply_levers(self.denoisers(), levers) + notes
-
     @torch.no_grad()
     def run(self, request: GenerationRequest, inputs: dict[str, np.ndarray],
             on_step: StepFn) -> RunOutput:

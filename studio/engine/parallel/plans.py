@@ -1,0 +1,187 @@
+"""Context-parallel plans of our own, for supported denoisers that diffusers ships without
+one (``_cp_plan``).
+
+A plan names where diffusers' context-parallel hooks split a tensor along the sequence and
+where they gather it back (:class:`diffusers.ContextParallelInput` /
+``ContextParallelOutput``); the attention processors of these models already dispatch through
+diffusers' attention with the parallel config, so Ulysses and ring both work with them.
+
+* Wan VACE (reference-to-video): Wan's plan (rotary embedding, per-token timestep, blocks)
+  plus the VACE branch: its first block receives the full video tokens and the control
+  tokens, split there; the hints it produces are then shards that add to the main blocks'
+  shards at the same positions.
+
+SD3 calls ``scaled_dot_product_attention`` itself (no dispatcher, no parallel config), and
+its 77 + 256 text tokens do not split evenly: :class:`SdpaSequencePlan` splits its token
+embeddings unevenly with our own hooks and turns the SDPA calls of its blocks into our ring
+attention (padded, masked blocks). Ring only: Ulysses would need even shards.
+
+HiDream concatenates fresh text states into every block and slices them back by length, which
+no split survives: sequence parallelism refuses it with a clear error; CFG parallelism covers
+it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from diffusers.hooks import HookRegistry, ModelHook
+from torch.overrides import TorchFunctionMode
+
+from studio.engine.parallel.ring import ring_attention
+
+
+def plan_for(transformer: torch.nn.Module) -> dict | None:
+    """diffusers' own plan for this denoiser, else ours, else None."""
+    plan = getattr(transformer, "_cp_plan", None)
+    if plan is not None:
+        return plan
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+    if type(transformer).__name__ == "WanVACETransformer3DModel":
+        tokens = ContextParallelInput(split_dim=1, expected_dims=3, split_output=False)
+        rope = ContextParallelInput(split_dim=1, expected_dims=4, split_output=True)
+        return {
+            "rope": {0: rope, 1: rope},
+            "": {"timestep": ContextParallelInput(split_dim=1, expected_dims=2,
+                                                  split_output=False)},
+            "vace_blocks.0": {"hidden_states": tokens, "control_hidden_states": tokens},
+            "blocks.0": {"hidden_states": tokens},
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
+        }
+    return None
+
+
+# -- our own sequence plan for denoisers whose attention calls SDPA directly ---------------
+
+class _Split:
+    """Splits a module's (batch, tokens, channels) output along the tokens for this rank
+    (uneven splits allowed: the first ``tokens % n`` ranks hold one more)."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def __call__(self, module, args, output):
+        n, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        sizes = split_sizes(output.shape[1], n)
+        return output.narrow(1, sum(sizes[:rank]), sizes[rank]).contiguous()
+
+
+class _Gather:
+    """Gathers a module's (batch, local tokens, channels) output from every rank, in rank
+    order (padded to the longest shard for the all-gather, then trimmed)."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def __call__(self, module, args, output):
+        n = dist.get_world_size(self.group)
+        local = torch.tensor([output.shape[1]], device=output.device)
+        lengths = [torch.empty_like(local) for _ in range(n)]
+        dist.all_gather(lengths, local, group=self.group)
+        lengths = [int(x) for x in lengths]
+        longest = max(lengths)
+        padded = torch.nn.functional.pad(output, (0, 0, 0, longest - output.shape[1]))
+        parts = [torch.empty_like(padded) for _ in range(n)]
+        dist.all_gather(parts, padded.contiguous(), group=self.group)
+        return torch.cat([p[:, :length] for p, length in zip(parts, lengths, strict=True)], 1)
+
+
+def split_sizes(tokens: int, ranks: int) -> list[int]:
+    """Tokens per rank when ``tokens`` are split over ``ranks`` (the first ``tokens % ranks``
+    ranks hold one more)."""
+    return [tokens // ranks + (1 if r < tokens % ranks else 0) for r in range(ranks)]
+
+
+class _RingSDPA(TorchFunctionMode):
+    """While one of the plan's attention modules runs, its
+    ``F.scaled_dot_product_attention(q, k, v)`` on (batch, heads, tokens, head_dim) local
+    shards becomes ring attention over the sequence group."""
+
+    def __init__(self, group, active: list[int]):
+        super().__init__()
+        self.group, self.active = group, active
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention or not self.active[0]:
+            return func(*args, **kwargs)
+        q, k, v = args[:3]
+        if kwargs.get("attn_mask") is not None or kwargs.get("is_causal") or \
+                kwargs.get("dropout_p"):
+            raise ValueError("sequence parallel: a masked, causal or dropout attention "
+                             "cannot be split by our ring plan")
+        n = dist.get_world_size(self.group)
+        local = torch.tensor([k.shape[2]], device=k.device)
+        lengths = [torch.empty_like(local) for _ in range(n)]
+        dist.all_gather(lengths, local, group=self.group)
+        out, _ = ring_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                group=self.group, scale=kwargs.get("scale"),
+                                block_tokens=[int(x) for x in lengths])
+        return out.transpose(1, 2)
+
+
+class _RingPlanHook(ModelHook):
+    """On the denoiser: the ring SDPA mode for the duration of its forward."""
+
+    def __init__(self, group, active):
+        super().__init__()
+        self.group, self.active = group, active
+
+    def new_forward(self, module, *args, **kwargs):
+        with _RingSDPA(self.group, self.active):
+            return self.fn_ref.original_forward(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class SdpaSequencePlan:
+    """Our sequence plan for a denoiser whose attention calls SDPA itself.
+
+    Attributes:
+        split_outputs: modules whose (batch, tokens, channels) outputs are split over the
+            ranks (the token embeddings, after their positional embedding).
+        gather_output: the module whose output is gathered back (before unpatchifying).
+        attention_blocks: the block lists whose attention modules attend across ranks
+            (every module with a ``processor`` under them).
+    """
+
+    split_outputs: tuple[str, ...]
+    gather_output: str
+    attention_blocks: tuple[str, ...]
+
+
+SDPA_PLANS = {
+    # SD3 / SD3.5: image tokens (after pos_embed) and text tokens (after context_embedder)
+    # are split; each joint attention is [image shard, text shard] per rank, which ring
+    # attention over the ranks turns into attention to every image and text token.
+    "SD3Transformer2DModel": SdpaSequencePlan(("pos_embed", "context_embedder"), "proj_out",
+                                              ("transformer_blocks",)),
+}
+
+
+def apply_sdpa_sequence_plan(transformer: torch.nn.Module, plan: SdpaSequencePlan,
+                             group) -> None:
+    """Installs ``plan`` with ring attention over ``group`` (ranks may hold different token
+    counts: text lengths rarely divide evenly)."""
+    modules = dict(transformer.named_modules())
+    for name in plan.split_outputs:
+        modules[name].register_forward_hook(_Split(group))
+    modules[plan.gather_output].register_forward_hook(_Gather(group))
+    active = [0]
+
+    def enter(module, args):
+        active[0] += 1
+
+    def leave(module, args, output):
+        active[0] -= 1
+
+    for blocks in plan.attention_blocks:
+        for module in modules[blocks].modules():
+            if getattr(module, "processor", None) is not None:
+                module.register_forward_pre_hook(enter)
+                module.register_forward_hook(leave)
+    HookRegistry.check_if_exists_or_initialize(transformer).register_hook(
+        _RingPlanHook(group, active), "studio_ring_sdpa_plan")
