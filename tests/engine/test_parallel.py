@@ -40,16 +40,19 @@ def test_config_validation_names_the_rule():
 def _pipeline(kind, folder):
     import diffusers
 
-    cls = diffusers.WanPipeline if kind == "wan" else diffusers.StableDiffusionPipeline
-    extra = {} if kind == "wan" else dict(safety_checker=None, requires_safety_checker=False)
+    cls = {"wan": diffusers.WanPipeline, "flux": diffusers.FluxPipeline,
+           "sd": diffusers.StableDiffusionPipeline}[kind]
+    extra = dict(safety_checker=None, requires_safety_checker=False) if kind == "sd" else {}
     pipe = cls.from_pretrained(folder, local_files_only=True, **extra)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
 
 def _generate(pipe, kind):
-    kwargs = dict(num_frames=5) if kind == "wan" else {}
-    out = pipe("a red circle", num_inference_steps=6, height=32, width=32, guidance_scale=4.0,
+    kwargs = {"wan": dict(num_frames=5, guidance_scale=4.0), "sd": dict(guidance_scale=4.0),
+              # FLUX.1's true CFG: a negative prompt and true_cfg_scale, one call per branch
+              "flux": dict(negative_prompt="blurry", true_cfg_scale=4.0)}[kind]
+    out = pipe("a red circle", num_inference_steps=6, height=32, width=32,
                generator=torch.Generator().manual_seed(3), output_type="np", **kwargs)
     return np.asarray(out.frames if kind == "wan" else out.images)
 
@@ -61,13 +64,13 @@ def _rank(rank, world, kind, folder):
     from studio.engine.parallel.cfg import apply_cfg_parallel, remove_cfg_parallel
 
     pipe = _pipeline(kind, folder)
-    denoiser = pipe.transformer if kind == "wan" else pipe.unet
+    denoiser = pipe.unet if kind == "sd" else pipe.transformer
     out = []
     for cache in (False, True):
         if cache:
             remove_cfg_parallel(denoiser)
             config = StepCacheConfig(threshold=10.0, warmup_steps=2, max_consecutive_skips=1)
-            (apply_step_cache if kind == "wan" else apply_unet_cache)(denoiser, config)
+            (apply_unet_cache if kind == "sd" else apply_step_cache)(denoiser, config)
         hook = apply_cfg_parallel(denoiser)  # outermost
         with torch.inference_mode():
             out.append((_generate(pipe, kind), hook.computed))
@@ -81,18 +84,18 @@ def sd15(tmp_path_factory):
     return build_tiny_sd(tmp_path_factory.mktemp("sd-par") / "sd15", variant="sd15")
 
 
-@pytest.mark.parametrize("kind", ["wan", "sd"])
+@pytest.mark.parametrize("kind", ["wan", "sd", "flux"])
 def test_cfg_parallel_on_two_ranks_matches_one_process(ranks, tiny_models, sd15, kind):
     from studio.engine.caching import StepCacheConfig, apply_step_cache
     from studio.engine.caching.unet_cache import apply_unet_cache
 
-    folder = str(tiny_models["wan-t2v"] if kind == "wan" else sd15)
+    folder = str({"wan": tiny_models["wan-t2v"], "flux": tiny_models["flux"], "sd": sd15}[kind])
     pipe = _pipeline(kind, folder)
     with torch.inference_mode():
         single = _generate(pipe, kind)
-    denoiser = pipe.transformer if kind == "wan" else pipe.unet
+    denoiser = pipe.unet if kind == "sd" else pipe.transformer
     config = StepCacheConfig(threshold=10.0, warmup_steps=2, max_consecutive_skips=1)
-    (apply_step_cache if kind == "wan" else apply_unet_cache)(denoiser, config)
+    (apply_unet_cache if kind == "sd" else apply_step_cache)(denoiser, config)
     with torch.inference_mode():
         single_cached = _generate(pipe, kind)
     results = ranks.run(_rank, kind, folder)
@@ -101,7 +104,7 @@ def test_cfg_parallel_on_two_ranks_matches_one_process(ranks, tiny_models, sd15,
             frames, _ = rank_results[variant]
             assert np.abs(frames - want).max() <= 1e-5
         computed = [r[variant][1] for r in results]
-        if kind == "wan":  # rank 0 every cond call, rank 1 every uncond call + the first cond
+        if kind != "sd":  # rank 0 every cond call, rank 1 every uncond call + the first cond
             assert computed == [6, 7]
         else:  # batched CFG: each rank computes its half of every call
             assert computed == [6, 6]

@@ -35,7 +35,17 @@ def test_embedded_model_under_sequence_times_cfg(ranks, sequence):
     check_plan_results(results, want, f"{sequence} 2 × cfg 2 (4 ranks)")
 
 
-def _wan_rank(rank, world, folder):
+def _generate_guided(pipe, kind):
+    """Wan with CFG; Flux with true CFG (a negative prompt and true_cfg_scale)."""
+    if kind == "wan":
+        return _generate_any(pipe, kind)
+    out = pipe("a red circle", negative_prompt="blurry", true_cfg_scale=4.0,
+               num_inference_steps=3, height=32, width=32,
+               generator=torch.Generator().manual_seed(0), output_type="np")
+    return np.asarray(out.images)
+
+
+def _wan_rank(rank, world, folder, kind="wan"):
     from studio.engine.parallel.cfg import apply_cfg_parallel
     from studio.engine.parallel.comm import CommunicationLog
     from studio.engine.parallel.mesh import ParallelMesh
@@ -43,21 +53,22 @@ def _wan_rank(rank, world, folder):
 
     config = ParallelConfig(ulysses_degree=2, cfg_degree=2)
     mesh = ParallelMesh.build(config)
-    pipe = _load("wan", folder)
+    pipe = _load(kind, folder)
     apply_sequence_parallel(pipe.transformer, config, mesh)
     hook = apply_cfg_parallel(pipe.transformer, mesh.cfg_group)
     with torch.inference_mode(), CommunicationLog() as log:
-        frames = _generate_any(pipe, "wan")
+        frames = _generate_guided(pipe, kind)
     coordinate = mesh.mesh.get_coordinate()  # (cfg, ring, ulysses)
     return frames, dict(log.sent), hook.computed, tuple(coordinate)
 
 
-def test_tiny_wan_under_ulysses_times_cfg(ranks, tiny_models):
-    folder = str(tiny_models["wan-t2v"])
-    pipe = _load("wan", folder)
+@pytest.mark.parametrize("kind", ["wan", "flux"])
+def test_tiny_wan_and_flux_under_ulysses_times_cfg(ranks, tiny_models, kind):
+    folder = str(tiny_models["wan-t2v" if kind == "wan" else "flux"])
+    pipe = _load(kind, folder)
     with torch.inference_mode():
-        want = _generate_any(pipe, "wan")
-    results = ranks.run(_wan_rank, folder)
+        want = _generate_guided(pipe, kind)
+    results = ranks.run(_wan_rank, folder, kind)
     for frames, _, _, _ in results:
         assert np.abs(frames - want).max() <= 1e-5
     by_coordinate = {r[3]: r for r in results}
