@@ -450,3 +450,23 @@ def test_sd3_ring_under_our_own_plan_with_an_uneven_split(ranks, tmp_path_factor
         assert runs[0][3]["send"] > 0
     with pytest.raises(RuntimeError, match="splits its sequence with ring attention only"):
         ranks.run(plan_rank, {"ulysses_degree": 2}, requests[:1])
+
+
+def test_hidream_ring_under_our_own_plan_with_text_on_every_rank(ranks, tmp_path_factory):
+    """HiDream joins fresh text states into every block: our plan keeps the text whole on
+    every rank and rings the image shards; at a non-square size HiDream pads the image tokens
+    to a fixed count and masks the padding, and the masks are cut with the shards. The
+    single-process image, with and without the cache."""
+    from studio.testing.tiny_pipelines import build_tiny_hidream
+
+    folder = build_tiny_hidream(tmp_path_factory.mktemp("hidream-par") / "hidream")
+    requests = [embedded_request(model=str(folder), mode="t2i", num_frames=1, width=80,
+                                 height=48),
+                embedded_request(model=str(folder), mode="t2i", num_frames=1, width=80,
+                                 height=48, profile="fast", steps=12)]
+    want = embedded_reference(requests)
+    assert " 0 forecast" not in want[1][2][0]
+    results = ranks.run(plan_rank, {"ring_degree": 2}, requests)
+    check_plan_results(results, want, "ring 2 (2 ranks)")
+    for _, runs in results:
+        assert runs[0][3]["send"] > 0

@@ -16,9 +16,9 @@ its 77 + 256 text tokens do not split evenly: :class:`SdpaSequencePlan` splits i
 embeddings unevenly with our own hooks and turns the SDPA calls of its blocks into our ring
 attention (padded, masked blocks). Ring only: Ulysses would need even shards.
 
-HiDream concatenates fresh text states into every block and slices them back by length, which
-no split survives: sequence parallelism refuses it with a clear error; CFG parallelism covers
-it.
+HiDream concatenates fresh text states into every block and slices them back by length: its
+plan keeps the text whole on every rank, splits the image tokens (and the matching rows of
+its rotary embedding), and rings only the image key/value shards; the text is attended once.
 """
 
 from __future__ import annotations
@@ -57,17 +57,60 @@ def plan_for(transformer: torch.nn.Module) -> dict | None:
 
 # -- our own sequence plan for denoisers whose attention calls SDPA directly ---------------
 
+class _PlanState:
+    """What the plan's hooks share within one forward: whether a cross-rank attention runs,
+    and this rank's slice of the image tokens (start, size, total)."""
+
+    def __init__(self):
+        self.active = 0
+        self.image = (0, 0, 0)
+
+
 class _Split:
     """Splits a module's (batch, tokens, channels) output along the tokens for this rank
-    (uneven splits allowed: the first ``tokens % n`` ranks hold one more)."""
+    (uneven splits allowed: the first ``tokens % n`` ranks hold one more). The first split
+    of a plan is its image tokens: their slice is recorded in the state."""
 
-    def __init__(self, group):
-        self.group = group
+    def __init__(self, group, state: _PlanState | None = None):
+        self.group, self.state = group, state
 
     def __call__(self, module, args, output):
         n, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         sizes = split_sizes(output.shape[1], n)
-        return output.narrow(1, sum(sizes[:rank]), sizes[rank]).contiguous()
+        start = sum(sizes[:rank])
+        if self.state is not None:
+            self.state.image = (start, sizes[rank], output.shape[1])
+        return output.narrow(1, start, sizes[rank]).contiguous()
+
+
+class _RopeRows:
+    """A rotary embedding over [image tokens, text tokens] (dim 1): keeps this rank's image
+    rows and every text row (HiDream keeps its text whole on every rank)."""
+
+    def __init__(self, state: _PlanState):
+        self.state = state
+
+    def __call__(self, module, args, output):
+        start, size, total = self.state.image
+        return torch.cat([output[:, start:start + size], output[:, total:]], dim=1)
+
+
+class _MaskRows:
+    """A block's ``hidden_states_masks`` (batch, tokens) over [image, text] cut like
+    :class:`_RopeRows` (HiDream pads non-square images to a fixed token count and masks the
+    padding)."""
+
+    def __init__(self, state: _PlanState):
+        self.state = state
+
+    def __call__(self, module, args, kwargs):
+        mask = kwargs.get("hidden_states_masks")
+        if mask is None:
+            return None
+        start, size, total = self.state.image
+        kwargs["hidden_states_masks"] = torch.cat([mask[:, start:start + size],
+                                                   mask[:, total:]], dim=1)
+        return args, kwargs
 
 
 class _Gather:
@@ -99,40 +142,42 @@ def split_sizes(tokens: int, ranks: int) -> list[int]:
 class _RingSDPA(TorchFunctionMode):
     """While one of the plan's attention modules runs, its
     ``F.scaled_dot_product_attention(q, k, v)`` on (batch, heads, tokens, head_dim) local
-    shards becomes ring attention over the sequence group."""
+    shards becomes ring attention over the sequence group. With ``replicated_text`` the
+    keys are [this rank's image shard, the whole text] and only the image shards travel."""
 
-    def __init__(self, group, active: list[int]):
+    def __init__(self, group, state: _PlanState, replicated_text: bool):
         super().__init__()
-        self.group, self.active = group, active
+        self.group, self.state, self.replicated_text = group, state, replicated_text
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is not F.scaled_dot_product_attention or not self.active[0]:
+        if func is not F.scaled_dot_product_attention or not self.state.active:
             return func(*args, **kwargs)
         q, k, v = args[:3]
         if kwargs.get("attn_mask") is not None or kwargs.get("is_causal") or \
                 kwargs.get("dropout_p"):
             raise ValueError("sequence parallel: a masked, causal or dropout attention "
                              "cannot be split by our ring plan")
+        shared = k.shape[2] - self.state.image[1] if self.replicated_text else 0
         n = dist.get_world_size(self.group)
-        local = torch.tensor([k.shape[2]], device=k.device)
+        local = torch.tensor([k.shape[2] - shared], device=k.device)
         lengths = [torch.empty_like(local) for _ in range(n)]
         dist.all_gather(lengths, local, group=self.group)
         out, _ = ring_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                 group=self.group, scale=kwargs.get("scale"),
-                                block_tokens=[int(x) for x in lengths])
+                                block_tokens=[int(x) for x in lengths], shared_tokens=shared)
         return out.transpose(1, 2)
 
 
 class _RingPlanHook(ModelHook):
     """On the denoiser: the ring SDPA mode for the duration of its forward."""
 
-    def __init__(self, group, active):
+    def __init__(self, group, state: _PlanState, replicated_text: bool):
         super().__init__()
-        self.group, self.active = group, active
+        self.group, self.state, self.replicated_text = group, state, replicated_text
 
     def new_forward(self, module, *args, **kwargs):
-        with _RingSDPA(self.group, self.active):
+        with _RingSDPA(self.group, self.state, self.replicated_text):
             return self.fn_ref.original_forward(*args, **kwargs)
 
 
@@ -142,15 +187,23 @@ class SdpaSequencePlan:
 
     Attributes:
         split_outputs: modules whose (batch, tokens, channels) outputs are split over the
-            ranks (the token embeddings, after their positional embedding).
+            ranks, image tokens first (the token embeddings, after any positional
+            embedding).
         gather_output: the module whose output is gathered back (before unpatchifying).
         attention_blocks: the block lists whose attention modules attend across ranks
             (every module with a ``processor`` under them).
+        replicated_text: the text tokens stay whole on every rank (they are appended to the
+            image shard inside every attention); only image key/value shards travel.
+        rope_output: a module whose output is a rotary embedding over [image, text] tokens
+            (dim 1), cut to this rank's image rows and every text row; the blocks'
+            ``hidden_states_masks`` are cut alike.
     """
 
     split_outputs: tuple[str, ...]
     gather_output: str
     attention_blocks: tuple[str, ...]
+    replicated_text: bool = False
+    rope_output: str | None = None
 
 
 SDPA_PLANS = {
@@ -159,6 +212,13 @@ SDPA_PLANS = {
     # attention over the ranks turns into attention to every image and text token.
     "SD3Transformer2DModel": SdpaSequencePlan(("pos_embed", "context_embedder"), "proj_out",
                                               ("transformer_blocks",)),
+    # HiDream-I1: fresh text states join every block and are sliced back by length, so the
+    # text stays whole on every rank; the image tokens are split after x_embedder, the
+    # rotary embedding over [image, text] is cut to match, and each attention sees
+    # [image shard, text] with the other ranks' image shards coming round the ring.
+    "HiDreamImageTransformer2DModel": SdpaSequencePlan(
+        ("x_embedder",), "final_layer", ("double_stream_blocks", "single_stream_blocks"),
+        replicated_text=True, rope_output="pe_embedder"),
 }
 
 
@@ -167,16 +227,21 @@ def apply_sdpa_sequence_plan(transformer: torch.nn.Module, plan: SdpaSequencePla
     """Installs ``plan`` with ring attention over ``group`` (ranks may hold different token
     counts: text lengths rarely divide evenly)."""
     modules = dict(transformer.named_modules())
-    for name in plan.split_outputs:
-        modules[name].register_forward_hook(_Split(group))
+    state = _PlanState()
+    for index, name in enumerate(plan.split_outputs):
+        modules[name].register_forward_hook(_Split(group, state if index == 0 else None))
+    if plan.rope_output is not None:
+        modules[plan.rope_output].register_forward_hook(_RopeRows(state))
+        for blocks in plan.attention_blocks:
+            for block in modules[blocks]:
+                block.register_forward_pre_hook(_MaskRows(state), with_kwargs=True)
     modules[plan.gather_output].register_forward_hook(_Gather(group))
-    active = [0]
 
     def enter(module, args):
-        active[0] += 1
+        state.active += 1
 
     def leave(module, args, output):
-        active[0] -= 1
+        state.active -= 1
 
     for blocks in plan.attention_blocks:
         for module in modules[blocks].modules():
@@ -184,4 +249,4 @@ def apply_sdpa_sequence_plan(transformer: torch.nn.Module, plan: SdpaSequencePla
                 module.register_forward_pre_hook(enter)
                 module.register_forward_hook(leave)
     HookRegistry.check_if_exists_or_initialize(transformer).register_hook(
-        _RingPlanHook(group, active), "studio_ring_sdpa_plan")
+        _RingPlanHook(group, state, plan.replicated_text), "studio_ring_sdpa_plan")

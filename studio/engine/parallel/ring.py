@@ -47,7 +47,7 @@ def _merge(out, lse, block_out, block_lse):
 
 def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, group,
                    scale: float | None = None, overlap: bool = True,
-                   block_tokens: list[int] | None = None
+                   block_tokens: list[int] | None = None, shared_tokens: int = 0
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of the local queries to the whole ring's keys and values.
 
@@ -57,26 +57,29 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         scale: softmax scale (default 1/sqrt(head_dim)).
         overlap: exchange the next block while computing this one (False: wait for each
             exchange before computing, for measuring what the overlap hides).
-        block_tokens: key/value tokens of each rank's block when they differ (an uneven
-            split); blocks then travel padded to the longest and the padding is masked.
-            None: every rank holds as many as this one.
+        block_tokens: key/value tokens each rank sends (its own, not shared ones) when they
+            differ (an uneven split); blocks then travel padded to the longest and the
+            padding is masked. None: every rank sends as many as this one.
+        shared_tokens: trailing key/value tokens that every rank holds alike (text kept
+            whole on every rank): attended once, with the rank's own block, never sent.
 
     Returns:
         out (batch, local_tokens, heads, head_dim) in query's dtype, and the log-sum-exp
         (batch, local_tokens, heads) float32 over all keys of the ring.
 
-    Bytes each rank sends per call: ``(n - 1) × (key + value)`` bytes of its (padded) block.
+    Bytes each rank sends per call: ``(n - 1) × (key + value)`` bytes of its own (padded)
+    block.
     """
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
     following = dist.get_global_rank(group, (rank + 1) % world)
     preceding = dist.get_global_rank(group, (rank - 1) % world)
     q = query.transpose(1, 2).contiguous()
-    k, v = key, value
+    own = key.shape[1] - shared_tokens
+    k, v = key[:, :own], value[:, :own]  # what travels
     lengths = None
     if block_tokens is not None and len(set(block_tokens)) > 1:
-        longest = max(block_tokens)
-        pad = longest - k.shape[1]
+        pad = max(block_tokens) - own
         if pad:
             k = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad))
             v = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad))
@@ -94,11 +97,15 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
                 for request in pending:
                     request.wait()
         valid = None
-        if lengths is not None:  # the block held now came from rank - step
-            valid = torch.full((q.shape[0],), lengths[(rank - step) % world], dtype=torch.int32,
-                               device=q.device)
-        block_out, block_lse = attention(q, k.transpose(1, 2).contiguous(),
-                                         v.transpose(1, 2).contiguous(), kv_lengths=valid,
+        if step == 0:  # the rank's own block, with the shared tokens, unpadded
+            block_k, block_v = key, value
+        else:
+            block_k, block_v = k, v
+            if lengths is not None:  # the block held now came from rank - step
+                valid = torch.full((q.shape[0],), lengths[(rank - step) % world],
+                                   dtype=torch.int32, device=q.device)
+        block_out, block_lse = attention(q, block_k.transpose(1, 2).contiguous(),
+                                         block_v.transpose(1, 2).contiguous(), kv_lengths=valid,
                                          scale=scale)
         out, lse = _merge(out, lse, block_out.float(), block_lse)
         if pending is not None:

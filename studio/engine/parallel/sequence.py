@@ -57,7 +57,8 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
         if config.ulysses_degree > 1:
             raise ParallelConfigError(
                 f"ulysses_degree: {type(transformer).__name__} splits its sequence with ring "
-                f"attention only (its text tokens do not divide evenly); use ring_degree")
+                f"attention only (our own plan for it rings uneven token shards); use "
+                f"ring_degree")
         group = mesh.sequence_group if mesh is not None else dist.group.WORLD
         apply_sdpa_sequence_plan(transformer, own, group)
         transformer._studio_sequence_group = group
