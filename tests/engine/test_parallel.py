@@ -470,3 +470,33 @@ def test_hidream_ring_under_our_own_plan_with_text_on_every_rank(ranks, tmp_path
     check_plan_results(results, want, "ring 2 (2 ranks)")
     for _, runs in results:
         assert runs[0][3]["send"] > 0
+
+
+def test_flux2_under_diffusers_plan_with_ulysses_and_ring(ranks, tmp_path_factory):
+    """FLUX.2 through the engine under Ulysses 2 and ring 2 (diffusers' plan; ring on our
+    kernel): the single-process image."""
+    from studio.testing.tiny_pipelines import build_tiny_flux2
+
+    folder = build_tiny_flux2(tmp_path_factory.mktemp("flux2") / "flux2")
+    requests = [embedded_request(model=str(folder), steps=2, mode="t2i", num_frames=1)]
+    want = embedded_reference(requests)
+    for scheme in ("ulysses", "ring"):
+        results = ranks.run(plan_rank, {f"{scheme}_degree": 2}, requests)
+        check_plan_results(results, want, f"{scheme} 2 (2 ranks)")
+        for _, [(_, _, _, sent)] in results:
+            assert sent["send" if scheme == "ring" else "all_to_all_single"] > 0
+
+
+def test_sequence_plans_that_break_are_refused_with_the_reason():
+    """diffusers' LTX, LTX-2 and Qwen-Image plans fail on what the studio runs (see
+    parallel/plans.py): refused before any rank work, with the reason and the way out."""
+    import diffusers
+
+    from studio.engine.parallel.sequence import apply_sequence_parallel
+
+    transformer = diffusers.LTXVideoTransformer3DModel(
+        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8,
+        cross_attention_dim=16, num_layers=1, caption_channels=16)
+    with pytest.raises(ParallelConfigError, match="not available for "
+                       "LTXVideoTransformer3DModel yet: .*masked cross-attention.*use CFG"):
+        apply_sequence_parallel(transformer, ParallelConfig(ulysses_degree=2))

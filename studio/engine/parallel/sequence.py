@@ -49,10 +49,19 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
     import torch.distributed as dist
     from diffusers import ContextParallelConfig
 
-    from studio.engine.parallel.plans import SDPA_PLANS, apply_sdpa_sequence_plan, plan_for
+    from studio.engine.parallel.plans import (
+        NOT_YET,
+        SDPA_PLANS,
+        apply_sdpa_sequence_plan,
+        plan_for,
+    )
 
+    name = type(transformer).__name__
+    if name in NOT_YET:
+        raise ParallelConfigError(f"sequence parallel: not available for {name} yet: "
+                                  f"{NOT_YET[name]}; use CFG parallelism for it")
     plan = plan_for(transformer)
-    own = SDPA_PLANS.get(type(transformer).__name__)
+    own = SDPA_PLANS.get(name)
     if plan is None and own is not None:
         if config.ulysses_degree > 1:
             raise ParallelConfigError(
