@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import stat
 from dataclasses import dataclass
 
 import numpy as np
@@ -133,6 +134,9 @@ def _to_rgb8(img: Image.Image, notes: list[str]) -> np.ndarray:
     return np.asarray(img.convert("RGB"), dtype=np.uint8).copy()
 
 
+MAX_IMAGE_FILE_BYTES = 256 * 2**20  # an input image file is read whole: cap it
+
+
 def load_user_image(path: str | os.PathLike[str], field: str = "image", *,
                     mask: bool = False) -> UserImage:
     """Reads an image file and converts it by the module's documented rules.
@@ -143,12 +147,20 @@ def load_user_image(path: str | os.PathLike[str], field: str = "image", *,
         mask: convert to a one-channel mask (uint8 (H, W), 255 = repaint, 0 = keep).
 
     Raises:
-        InputImageError: missing, unreadable, damaged, incomplete or too large.
+        InputImageError: missing, not a regular file, over ``MAX_IMAGE_FILE_BYTES``,
+            unreadable, damaged, incomplete or too large.
     """
     name = os.fspath(path)
     try:
+        info = os.stat(name)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputImageError(f"{field}: {name} is not a regular file (a folder, device "
+                                  f"or pipe); give an image file")
+        if info.st_size > MAX_IMAGE_FILE_BYTES:
+            raise InputImageError(f"{field}: {name} is {info.st_size / 2**20:.0f} MiB; image "
+                                  f"files up to {MAX_IMAGE_FILE_BYTES // 2**20} MiB are read")
         with open(name, "rb") as fh:
-            data = fh.read()
+            data = fh.read(MAX_IMAGE_FILE_BYTES + 1)
     except FileNotFoundError:
         raise InputImageError(f"{field}: the file {name} does not exist") from None
     except OSError as exc:

@@ -86,6 +86,10 @@ class Engine:
             than one rank builds a rank-group worker.
         in_process: with no ``worker``, ``False`` runs the engine in a child process.
         workers: several workers (e.g. one per GPU, see :meth:`for_devices`).
+
+    Raises:
+        ParallelConfigError: ``config.parallel`` has degrees below 1 or more ranks than the
+            machine's GPUs (gloo CPU ranks: at most 8).
     """
 
     def __init__(self, worker: Worker | None = None, *, config: WorkerConfig | None = None,
@@ -93,7 +97,8 @@ class Engine:
         if workers is None:
             if worker is None:
                 config = config or WorkerConfig()
-                if config.parallel.world_size > 1:  # one job split over a group of ranks
+                if config.parallel != ParallelConfig():  # one job split over a group of ranks
+                    config.parallel.validate(devices=config.parallel.world_size)
                     from studio.engine.parallel.worker import RankGroupWorker
 
                     worker = RankGroupWorker(config, config.parallel)

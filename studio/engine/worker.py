@@ -176,7 +176,14 @@ def _child_main(config: WorkerConfig, jobs, events, cancel_serial, parent_pid: i
                 result_dir: str) -> None:
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's to handle
-    executor = config.build_executor()
+    try:
+        executor = config.build_executor()
+    except ValueError as exc:  # a setting this machine cannot honour (e.g. cuda, no GPU)
+        events.put(("ready", os.getpid()))
+        while (item := jobs.get()) is not None:  # fail each job with the reason, stay up
+            events.put(("event", ev.Failed(item[1].job_id, ev.BAD_INPUT,
+                                           f"engine settings: {exc}")))
+        return
     for model_id in config.preload:
         try:
             executor.runner_for(executor.registry.resolve(model_id))

@@ -193,7 +193,8 @@ class Project:
             FileNotFoundError: no project there and not ``create``.
             ValueError: ``synchronous`` is not NORMAL or FULL.
             ProjectLockedError: another process has the project open.
-            ProjectError: the project was written by a newer studio or its schema is unknown.
+            ProjectError: the project was written by a newer studio, its schema is unknown, or
+                its database file is not a database or is damaged.
         """
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError(f"synchronous: expected 'NORMAL' or 'FULL', got {synchronous!r}")
@@ -218,6 +219,13 @@ class Project:
             project._recover()
             project.document = project._load()
             project._unsubscribe = project.document.subscribe(project._apply)
+        except sqlite3.DatabaseError as exc:  # not a database, or a damaged one
+            if conn is not None:
+                conn.close()
+            _unlock(lock)
+            raise ProjectError(f"folder: {db_path} is not a readable project database "
+                               f"({exc}); restore it from a backup or open another "
+                               f"folder") from None
         except BaseException:
             if conn is not None:
                 conn.close()

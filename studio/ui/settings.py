@@ -62,8 +62,11 @@ class AppSettings:
 
     @property
     def device(self) -> str:
-        """``auto``, ``cpu`` or ``cuda``."""
+        """``auto``, ``cpu`` or ``cuda`` (a stored ``cuda`` reads as ``auto`` on a machine
+        that shows no NVIDIA GPU)."""
         value = str(self._get("engine/device", "auto"))
+        if value == "cuda" and visible_gpus() == 0:
+            return "auto"
         return value if value in DEVICES else "auto"
 
     @device.setter
@@ -156,6 +159,10 @@ class SettingsDialog(QDialog):
         fl.addLayout(folder_buttons)
         self.device = QComboBox()
         self.device.addItems(DEVICES)
+        if visible_gpus() == 0:  # no NVIDIA GPU here: "cuda" cannot run
+            item = self.device.model().item(DEVICES.index("cuda"))
+            item.setEnabled(False)
+            item.setToolTip("No NVIDIA GPU was found on this machine")
         self.device.setCurrentText(settings.device)
         self.memory = QDoubleSpinBox(minimum=0.0, maximum=4096.0, decimals=1, suffix=" GiB",
                                      specialValueText="automatic")

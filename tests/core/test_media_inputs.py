@@ -138,3 +138,24 @@ def test_fit_image_covers_and_crops_without_stretching():
     out = fit_image(wide, 16, 16)
     assert out.shape == (16, 16, 3)
     assert out[:, 7:9].mean() > 200 and out[:, :4].mean() < 10
+
+
+def test_special_files_and_huge_files_are_refused_before_reading(tmp_path, monkeypatch):
+    """A device, a folder or a pipe is not read (``/dev/zero`` once ate all memory); a file
+    over the cap is refused by its size."""
+    import os
+
+    import studio.core.media as media
+
+    for path in ("/dev/zero", str(tmp_path)):
+        with pytest.raises(InputImageError, match="init_image: .* is not a regular file"):
+            load_user_image(path, "init_image")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(InputImageError, match="is not a regular file"):
+        load_user_image(fifo, "init_image")  # would block forever if it were opened
+    big = tmp_path / "big.png"
+    big.write_bytes(b"\0" * 2048)
+    monkeypatch.setattr(media, "MAX_IMAGE_FILE_BYTES", 1024)
+    with pytest.raises(InputImageError, match="image files up to 0 MiB are read"):
+        load_user_image(big, "mask")

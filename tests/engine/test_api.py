@@ -232,3 +232,24 @@ def test_jobs_spread_over_several_workers(tiny_models):
     assert both and sorted(finished) == sorted(jobs) and set(started[:2]) == set(jobs[:2])
     with pytest.raises(ValueError, match="devices"):
         Engine.for_devices(["cuda:0", "cuda:0"])
+
+
+def test_a_device_the_machine_lacks_fails_each_job_with_the_reason():
+    """Settings asking for CUDA on a machine without a GPU: the engine process stays up and
+    every job fails as bad input with the device error (it once crashed the engine at start
+    and every job read "the engine process stopped unexpectedly")."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+
+    async def main():
+        config = WorkerConfig(device="cuda", include_hf_cache=False)
+        async with Engine(ProcessWorker(config)) as engine:
+            first = await engine.wait(engine.submit(request("embedded")))
+            second = await engine.wait(engine.submit(request("embedded")))
+            return first, second
+
+    for failed in run(main()):
+        assert isinstance(failed, ev.Failed) and failed.kind == ev.BAD_INPUT, failed
+        assert failed.message.startswith("engine settings: device='cuda': no CUDA GPU")

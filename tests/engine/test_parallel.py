@@ -31,10 +31,16 @@ def test_config_validation_names_the_rule():
         (ParallelConfig(ulysses_degree=2, replicas=3), {}, "= 6 ranks, but only 4 device"),
         (ParallelConfig(ulysses_degree=4), {"heads": 6}, "does not divide the model's 6"),
         (ParallelConfig(ring_degree=4), {"sequence_length": 30}, "sequence of 30 tokens"),
+        (ParallelConfig(ulysses_degree=True), {}, "ulysses_degree: True must be an integer"),
+        (ParallelConfig(ring_degree=2), {"heads": 0}, "heads: 0 must be an integer >= 1"),
+        (ParallelConfig(ring_degree=2), {"sequence_length": 0}, "sequence_length: 0 must"),
     ]
     for config, kwargs, message in cases:
         with pytest.raises(ParallelConfigError, match=message):
             config.validate(devices=4, **kwargs)
+    ParallelConfig().validate(devices=0)  # one device: nothing to split, always fine
+    with pytest.raises(ParallelConfigError, match="devices: -1 must be an integer >= 0"):
+        ParallelConfig().validate(devices=-1)
 
 
 def _pipeline(kind, folder):
@@ -401,6 +407,11 @@ def test_plan_catalogue_and_engine_wiring():
     assert "ulysses 4 × ring 2 (8 ranks)" in [label for label, _ in eight]
     engine = Engine(config=WorkerConfig(parallel=ParallelConfig(cfg_degree=2)))
     assert isinstance(engine.worker, RankGroupWorker)
+    # bad degrees, and more gloo ranks than a CPU machine runs, before anything starts
+    with pytest.raises(ParallelConfigError, match="ulysses_degree: 0 must be an integer"):
+        Engine(config=WorkerConfig(parallel=ParallelConfig(ulysses_degree=0)))
+    with pytest.raises(ParallelConfigError, match="64 ranks, but only 8 device"):
+        Engine(config=WorkerConfig(device="cpu", parallel=ParallelConfig(ring_degree=64)))
     seen = []
     engine.worker.start(seen.append)
     engine.worker.run(Job("j1", embedded_request(guidance_scale=1.0)))

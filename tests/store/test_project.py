@@ -491,3 +491,21 @@ def test_mark_then_sweep_on_another_thread_spares_a_reimport(project: Project) -
     assert sorted(swept[0]) == sorted([gone, again])
     assert media.verify(again) and again in media
     assert not list((media.root / "trash").iterdir())
+
+
+def test_a_damaged_database_is_a_clear_project_error(tmp_path):
+    """Garbage or a truncated file where the database should be: a ProjectError naming the
+    file (the studio shows it in its "Cannot open the project" box), and the lock freed."""
+    folder = tmp_path / "damaged"
+    folder.mkdir()
+    (folder / "project.sqlite").write_bytes(b"garbage" * 100)
+    with pytest.raises(ProjectError, match="project.sqlite is not a readable project database"):
+        Project.open(folder)
+    good = Project.create(tmp_path / "good")
+    good.close()
+    data = (tmp_path / "good" / "project.sqlite").read_bytes()
+    (folder / "project.sqlite").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ProjectError, match="not a readable project database"):
+        Project.open(folder)
+    (folder / "project.sqlite").unlink()
+    Project.create(folder).close()  # the lock was released

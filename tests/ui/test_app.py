@@ -109,3 +109,18 @@ def test_settings_offer_the_multi_gpu_plans_that_fit(tmp_path, make_window, monk
     dialog = SettingsDialog(w.settings, w)
     assert dialog.plan.count() == 1 and not dialog.plan.isEnabled()
     assert w.settings.worker_config().parallel == ParallelConfig()
+
+
+def test_settings_do_not_offer_cuda_without_a_gpu(tmp_path, make_window, monkeypatch):
+    import studio.ui.settings as settings_module
+    from studio.ui.settings import DEVICES, SettingsDialog
+
+    w = make_window(Project.create(tmp_path / "project"))
+    monkeypatch.setattr(settings_module, "visible_gpus", lambda: 0)
+    w.settings.device = "cuda"  # e.g. stored on a machine that had one
+    assert w.settings.device == "auto" and w.settings.worker_config().device == "auto"
+    dialog = SettingsDialog(w.settings, w)
+    assert not dialog.device.model().item(DEVICES.index("cuda")).isEnabled()
+    monkeypatch.setattr(settings_module, "visible_gpus", lambda: 1)
+    assert SettingsDialog(w.settings, w).device.model().item(DEVICES.index("cuda")).isEnabled()
+    assert w.settings.device == "cuda"

@@ -59,18 +59,24 @@ class ParallelConfig:
         """
         for name in ("ulysses_degree", "ring_degree", "cfg_degree", "replicas"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ParallelConfigError(f"{name}: {value!r} must be an integer >= 1")
+        for name, value, least in (("devices", devices, 0), ("heads", heads, 1),
+                                   ("sequence_length", sequence_length, 1)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < least):
+                raise ParallelConfigError(f"{name}: {value!r} must be an integer >= {least}")
         if self.cfg_degree not in (1, 2):
             raise ParallelConfigError(f"cfg_degree: {self.cfg_degree} must be 1 or 2 (there "
                                       f"are two guidance branches)")
         if self.cfg_degree == 2 and not uses_cfg:
             raise ParallelConfigError("cfg_degree: 2 needs a job with classifier-free guidance "
                                       "(guidance scale > 1 and a model that runs two branches)")
-        if self.world_size > devices:
+        if self.world_size > 1 and self.world_size > devices:
             raise ParallelConfigError(
                 f"ulysses_degree × ring_degree × cfg_degree × replicas = {self.world_size} "
-                f"ranks, but only {devices} device(s) are available")
+                f"ranks, but only {devices} device(s) are available (at most {devices} ranks "
+                f"here)")
         if heads is not None and heads % self.ulysses_degree:
             raise ParallelConfigError(f"ulysses_degree: {self.ulysses_degree} does not divide "
                                       f"the model's {heads} attention heads")

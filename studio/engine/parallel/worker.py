@@ -27,8 +27,15 @@ import threading
 from dataclasses import replace
 
 from studio.engine import events as ev
-from studio.engine.parallel.config import ParallelConfig, ParallelConfigError, describe_plan
+from studio.engine.parallel.config import (
+    ParallelConfig,
+    ParallelConfigError,
+    describe_plan,
+    visible_gpus,
+)
 from studio.engine.worker import EventFn, Worker, WorkerConfig
+
+MAX_CPU_RANKS = 8  # gloo ranks on a machine without GPUs (the plans' tests use 2 and 4)
 
 
 def apply_parallel_plan(runner, parallel: ParallelConfig, mesh=None) -> None:
@@ -120,7 +127,10 @@ class RankGroupWorker(Worker):
         if self.parallel.replicas != 1:
             raise ParallelConfigError("replicas: a rank group runs one job at a time; use "
                                       "Engine.for_devices for independent replicas")
-        self.parallel.validate(devices=self.parallel.world_size)
+        gpus = visible_gpus()
+        on_gpus = gpus > 0 and self.config.device != "cpu"
+        # gloo ranks on the CPU are for testing the plans: a few, not one per core
+        self.parallel.validate(devices=gpus if on_gpus else MAX_CPU_RANKS)
         self.timeout_s = timeout_s
         self._ctx = mp.get_context("spawn")
         self._procs: list | None = None
