@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import secrets
 import sys
@@ -429,8 +430,6 @@ def _size(n: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from studio.paths import log_dir
-
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("diffusers", "transformers"):
@@ -445,17 +444,31 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except OSError as exc:  # the machine's, not ours: disk full, quota, read-only disk
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            where = f" {exc.filename}" if exc.filename else ""
+            print(f"error: cannot write{where}: {exc.strerror} (nothing was left half "
+                  f"written)", file=sys.stderr)
+            return EXIT_INTERNAL
+        return _internal_error()
     except Exception:
-        import traceback
+        return _internal_error()
 
-        path = Path(log_dir()) / "cli.log"
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {sys.argv}\n"
-                     f"{traceback.format_exc()}\n")
-        exc = sys.exc_info()[1]
-        print(f"error: internal error: {type(exc).__name__}: {exc} (details in {path})",
-              file=sys.stderr)
-        return EXIT_INTERNAL
+
+def _internal_error() -> int:
+    """Logs the traceback of the exception being handled; prints one line naming the log."""
+    import traceback
+
+    from studio.paths import log_dir
+
+    path = Path(log_dir()) / "cli.log"
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {sys.argv}\n"
+                 f"{traceback.format_exc()}\n")
+    exc = sys.exc_info()[1]
+    print(f"error: internal error: {type(exc).__name__}: {exc} (details in {path})",
+          file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

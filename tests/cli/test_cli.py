@@ -213,3 +213,20 @@ def test_bad_request_in_file_and_internal_error(tmp_path, capsys, monkeypatch):
     assert code == 1 and "disk on fire" in err and "Traceback" not in err
     log = err.split("details in ")[1].rstrip(")\n")
     assert "Traceback" in Path(log).read_text() and not (tmp_path / "o.png").exists()
+
+
+def test_a_full_disk_is_named_as_such(tmp_path, capsys, monkeypatch):
+    """The machine's failure (disk full) is not called an internal error."""
+    import errno as errno_module
+
+    import studio.store.export as export
+
+    def full(*a, **k):
+        raise OSError(errno_module.ENOSPC, "No space left on device", str(tmp_path / "o.png"))
+
+    monkeypatch.setattr(export, "write_result", full)
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--steps", "1", "--out",
+                                 tmp_path / "o.png")
+    assert code == 1 and "internal error" not in err
+    assert err.strip().splitlines()[-1] == (f"error: cannot write {tmp_path / 'o.png'}: No space left on device "
+                           f"(nothing was left half written)")
