@@ -322,6 +322,10 @@ class JobExecutor:
                 out.notes.append("retried after running out of memory")
             if plan.offload != "none" or plan.vae_tiling:
                 out.notes.append(plan.describe())
+            try:
+                out.notes.extend(runner.prompt_notes(request))
+            except Exception:  # a note must never fail a job
+                log.exception("job %s: checking the prompt's length failed", jid)
             out.notes.extend(getattr(runner, "precision_notes", []))
             frames = (np.clip(out.frames, 0.0, 1.0) * 255).round().astype(np.uint8)
             peak = max(peak, _rss_bytes())

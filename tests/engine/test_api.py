@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from studio.core.request import GenerationRequest, MediaRef
 from studio.engine import events as ev
@@ -253,3 +254,17 @@ def test_a_device_the_machine_lacks_fails_each_job_with_the_reason():
     for failed in run(main()):
         assert isinstance(failed, ev.Failed) and failed.kind == ev.BAD_INPUT, failed
         assert failed.message.startswith("engine settings: device='cuda': no CUDA GPU")
+
+
+def test_a_prompt_longer_than_the_text_encoder_reads_gets_a_note():
+    from studio.engine.job import Job
+
+    executor = JobExecutor(ModelRegistry(include_hf_cache=False), torch.device("cpu"))
+    notes = []
+    for prompt in ("red " * 40 + "cat", "a red circle"):
+        done = executor.execute(Job("j", GenerationRequest(
+            mode="t2i", model="embedded", prompt=prompt, steps=1, width=64, height=64,
+            num_frames=1, seed=1, guidance_scale=4.0)), lambda e: None, lambda: False)
+        notes.append([n for n in done.notes if n.startswith("prompt:")])
+    assert notes == [["prompt: 42 tokens, but this model reads the first 32; the words after "
+                      "\u201cred red red\u201d change nothing"], []]

@@ -205,6 +205,25 @@ class FamilyRunner:
             on_step: StepFn) -> RunOutput:
         raise NotImplementedError
 
+    def prompt_notes(self, request: GenerationRequest) -> list[str]:
+        """A note when the prompt has more tokens than the text encoder reads (the words
+        past the limit change nothing, silently, in every diffusers pipeline). The limit is
+        the model's ``max_sequence_length`` setting, else its tokenizer's maximum."""
+        tokenizer = getattr(getattr(self, "base", None), "tokenizer", None)
+        if tokenizer is None or not request.prompt:
+            return []
+        limit = self.entry.call_kwargs.get("max_sequence_length") or \
+            getattr(tokenizer, "model_max_length", None)
+        if not isinstance(limit, int) or limit <= 0 or limit > 100_000:
+            return []
+        ids = tokenizer(request.prompt, truncation=False).input_ids
+        if len(ids) <= limit:
+            return []
+        kept = tokenizer.decode(ids[:limit], skip_special_tokens=True).split()
+        tail = " ".join(kept[-3:])
+        return [f"prompt: {len(ids)} tokens, but this model reads the first {limit}; the "
+                f"words after \u201c{tail}\u201d change nothing"]
+
     def kl_latent_preview(self) -> LatentPreview:
         """The step preview for a 2-D ``AutoencoderKL`` latent space (B, C, h, w) scaled by
         the VAE's ``scaling_factor`` and ``shift_factor`` (Flux, SD, SD3, HiDream)."""
