@@ -61,13 +61,52 @@ def test_same_pixels_as_stock_diffusers(vace, mode):
     assert np.abs(ours.frames - theirs).max() <= 1e-5
 
 
-def test_vace_runs_every_profile_without_the_step_cache(vace):
+def test_vace_runs_the_fast_profile_with_the_step_cache(vace):
+    import re
+
     from studio.core.request import OptimizationSettings
 
     folder, runner = vace
-    request = GenerationRequest(model=str(folder), prompt="a red circle", seed=1, steps=4,
+    request = GenerationRequest(model=str(folder), prompt="a red circle", seed=1, steps=10,
                                 guidance_scale=4.0, width=32, height=32, mode="t2v",
                                 num_frames=5, optimization=OptimizationSettings("fast"))
     out = runner.run(request, {}, lambda *a: None)
     assert np.isfinite(out.frames).all()
-    assert any("adds VACE control hints" in n for n in out.notes)
+    [note] = [n for n in out.notes if n.startswith("step cache:")]
+    assert int(re.findall(r"(\d+) forecast", note)[0]) > 0, note
+
+
+def test_step_cache_on_vace_forecasts_the_hints_once(vace):
+    """The cache on Wan VACE: the first VACE block probes, a skipped step zeroes the hints
+    and skips every VACE and main block, and the main blocks' forecast residual carries the
+    hints (they must not count twice). Called twice on the same input at nearly the same
+    timestep, the skipped call's output equals a full computation; at threshold 0 the cache
+    is exact."""
+    from studio.engine.caching import StepCacheConfig, apply_step_cache, remove_step_cache
+
+    folder, runner = vace
+    transformer = runner.base.transformer
+    g = torch.Generator().manual_seed(0)
+    kwargs = dict(hidden_states=torch.randn(1, 16, 2, 4, 4, generator=g),
+                  encoder_hidden_states=torch.randn(1, 7, 32, generator=g),
+                  control_hidden_states=torch.randn(1, 16 * 2 + 8 * 8, 2, 4, 4, generator=g),
+                  return_dict=False)
+
+    def call(t):
+        return transformer(timestep=torch.tensor([t]), **kwargs)[0]
+
+    with torch.inference_mode():
+        full = [call(500.0), call(499.99)]
+        stats = apply_step_cache(transformer, StepCacheConfig(threshold=0.0))
+        exact = [call(500.0), call(499.99)]
+        assert stats.skipped_calls == 0
+        stats = apply_step_cache(transformer, StepCacheConfig(
+            threshold=10.0, order=0, warmup_steps=1, max_consecutive_skips=1))
+        cached = [call(500.0), call(499.99)]
+        remove_step_cache(transformer)
+    assert (stats.full_calls, stats.skipped_calls) == (1, 1)
+    for a, b in zip(exact, full, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(cached[0], full[0])
+    hint_scale = (full[1] - cached[1]).abs().max()
+    assert hint_scale < 1e-3 * full[1].abs().max(), hint_scale  # a hint counted twice is O(1)

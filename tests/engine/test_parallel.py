@@ -424,8 +424,7 @@ def test_plan_catalogue_and_engine_wiring():
 @pytest.mark.parametrize("scheme", ["ulysses", "ring"])
 def test_wan_vace_reference_to_video_under_our_own_plan(ranks, tmp_path_factory, scheme):
     """diffusers has no context-parallel plan for Wan VACE; ours splits the VACE branch
-    too. Reference-to-video gives the single-process frames (the step cache declines VACE
-    for now, see the caching issue)."""
+    too. Reference-to-video gives the single-process frames, with and without the cache."""
     from studio.core.media import pixels_content_id
     from studio.core.request import MediaRef
     from studio.testing.tiny_pipelines import build_tiny_wan_vace
@@ -434,11 +433,14 @@ def test_wan_vace_reference_to_video_under_our_own_plan(ranks, tmp_path_factory,
     image = (np.random.default_rng(9).random((32, 32, 3)) * 255).astype(np.uint8)
     ref = MediaRef(pixels_content_id(image), "ref.png")
     inputs = {ref.content_id: image}
-    requests = [embedded_request(model=str(folder), mode="r2v", references=(ref,))]
+    requests = [embedded_request(model=str(folder), mode="r2v", references=(ref,)),
+                embedded_request(model=str(folder), mode="r2v", references=(ref,),
+                                 profile="fast", steps=10)]
     want = embedded_reference(requests, inputs)
+    assert " 0 forecast" not in want[1][2][0]
     results = ranks.run(plan_rank, {f"{scheme}_degree": 2}, requests, inputs)
     check_plan_results(results, want, f"{scheme} 2 (2 ranks)")
-    for _, [(_, _, _, sent)] in results:  # the tokens really were split and exchanged
+    for _, [(_, _, _, sent), _] in results:  # the tokens really were split and exchanged
         assert sent["send" if scheme == "ring" else "all_to_all_single"] > 0
 
 

@@ -377,10 +377,11 @@ class _DeepBlockHook(ModelHook):
     _is_stateful = True
 
     def __init__(self, state: StateManager, config: StepCacheConfig, *, segment: int,
-                 starts_segment: bool, ends_segment: bool, is_last: bool):
+                 starts_segment: bool, ends_segment: bool, is_last: bool, group=None):
         super().__init__()
         self.state_manager = state
         self.config = config
+        self.group = group  # sequence-parallel group: a plan may split inside this block
         self.segment, self.starts, self.ends, self.is_last = (segment, starts_segment,
                                                               ends_segment, is_last)
         self.meta: TransformerBlockMetadata | None = None
@@ -396,6 +397,8 @@ class _DeepBlockHook(ModelHook):
             hidden, encoder = _inputs(meta, args, kwargs)
             if self.starts:
                 hs_res, enc_res = _forecast_segment(state, self.segment, self.config.order)
+                if hidden.shape != hs_res.shape and self.group is not None:
+                    hidden = _local_shard(hidden, hs_res, self.group)  # split in the block
                 hidden = hidden + hs_res
                 if encoder is not None and enc_res is not None:
                     encoder = encoder + enc_res
@@ -403,7 +406,11 @@ class _DeepBlockHook(ModelHook):
         output = self.fn_ref.original_forward(*args, **kwargs)
         _learn_format(meta, output)
         if self.starts:
-            state.segment_inputs[self.segment] = _inputs(meta, args, kwargs)
+            hidden, encoder = _inputs(meta, args, kwargs)
+            out_hidden = _split(output, meta)[0]
+            if hidden.shape != out_hidden.shape and self.group is not None:
+                hidden = _local_shard(hidden, out_hidden, self.group)  # split in the block
+            state.segment_inputs[self.segment] = (hidden, encoder)
         if self.ends:
             self._record(state, output)
         return output
@@ -436,11 +443,11 @@ def block_segments(transformer: torch.nn.Module) -> list[list[torch.nn.Module]]:
         ValueError: no known block list with at least 2 blocks in all, or a model whose
             blocks cannot be cached (names the class and why).
     """
-    if hasattr(transformer, "vace_blocks"):
-        # VACE adds control hints to the hidden states between blocks, outside them: a
-        # forecast of the deep residual would count them twice
-        raise ValueError(f"step cache: {type(transformer).__name__} adds VACE control hints "
-                         f"between its blocks; it is not cached yet")
+    vace_layers = _vace_layers(transformer)
+    if vace_layers and max(vace_layers) == len(transformer.blocks) - 1:
+        # the hint added after the last block would be outside the forecast residual
+        raise ValueError(f"step cache: {type(transformer).__name__} adds a VACE hint after "
+                         f"its last block; it is not cached")
     segments = []
     for name in BLOCK_LIST_NAMES:
         value = getattr(transformer, name, None)
@@ -454,12 +461,64 @@ def block_segments(transformer: torch.nn.Module) -> list[list[torch.nn.Module]]:
 
 def transformer_blocks(transformer: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer's blocks in execution order (Flux: the dual-stream blocks, then the
-    single-stream ones), found by the block-list names diffusers uses.
+    single-stream ones; Wan VACE: its VACE blocks, then the main ones), found by the
+    block-list names diffusers uses.
 
     Raises:
         ValueError: as :func:`block_segments`.
     """
-    return [block for segment in block_segments(transformer) for block in segment]
+    main = [block for segment in block_segments(transformer) for block in segment]
+    return list(transformer.vace_blocks) + main if _vace_layers(transformer) else main
+
+
+def _vace_layers(transformer: torch.nn.Module) -> list[int]:
+    """The main-block indices after which Wan VACE adds its control hints ([] otherwise)."""
+    if not isinstance(getattr(transformer, "vace_blocks", None), torch.nn.ModuleList):
+        return []
+    return list(getattr(transformer.config, "vace_layers", []) or [])
+
+
+class _VaceProbeHook(_ProbeHook):
+    """On Wan VACE's first VACE block, which runs before every main block: decides from the
+    change of its control hint (output 0) and, on a skipped step, returns a zero hint (the
+    main blocks' forecast residual already holds every hint)."""
+
+    def initialize_hook(self, module):
+        return module
+
+    def new_forward(self, module, *args, **kwargs):
+        hint, control = self.fn_ref.original_forward(*args, **kwargs)
+        state: _TrajectoryState = self.state_manager.get_state()
+        state.compute = self._decide(state, hint)
+        state.probed = True
+        if state.compute:
+            state.segment_inputs, state.step_residuals = {}, {}
+            state.probe_residual = hint
+            return hint, control
+        return torch.zeros_like(hint), control
+
+
+class _VacePassHook(ModelHook):
+    """On the other VACE blocks: on a skipped step, a zero hint and the control states
+    passed through, without running the block."""
+
+    _is_stateful = True
+
+    def __init__(self, state: StateManager):
+        super().__init__()
+        self.state_manager = state
+
+    def new_forward(self, module, *args, **kwargs):
+        state: _TrajectoryState = self.state_manager.get_state()
+        if state.compute:
+            return self.fn_ref.original_forward(*args, **kwargs)
+        names = ("hidden_states", "encoder_hidden_states", "control_hidden_states")
+        bound = dict(zip(names, args, strict=False)) | kwargs
+        return torch.zeros_like(bound["hidden_states"]), bound["control_hidden_states"]
+
+    def reset_state(self, module):
+        self.state_manager.reset()
+        return module
 
 
 def apply_step_cache(transformer: torch.nn.Module, config: StepCacheConfig) -> StepCacheStats:
@@ -483,17 +542,25 @@ def apply_step_cache(transformer: torch.nn.Module, config: StepCacheConfig) -> S
     reg = HookRegistry.check_if_exists_or_initialize
     reg(transformer).register_hook(_RootHook(state, stats), _ROOT_HOOK)
     group = getattr(transformer, "_studio_sequence_group", None)
-    reg(segments[0][0]).register_hook(
-        _ProbeHook(state, config, segment_has_deep_blocks=len(segments[0]) > 1, group=group),
-        _PROBE_HOOK)
+    vace = bool(_vace_layers(transformer))
+    if vace:  # the first VACE block runs first: it probes; the main blocks are segment 0
+        reg(transformer.vace_blocks[0]).register_hook(
+            _VaceProbeHook(state, config, group=group), _PROBE_HOOK)
+        for block in transformer.vace_blocks[1:]:
+            reg(block).register_hook(_VacePassHook(state), _BLOCK_HOOK)
+    else:
+        reg(segments[0][0]).register_hook(
+            _ProbeHook(state, config, segment_has_deep_blocks=len(segments[0]) > 1,
+                       group=group), _PROBE_HOOK)
     for k, segment in enumerate(segments):
         for i, block in enumerate(segment):
-            if k == 0 and i == 0:
+            if k == 0 and i == 0 and not vace:
                 continue  # the probe
             reg(block).register_hook(_DeepBlockHook(
-                state, config, segment=k, starts_segment=k > 0 and i == 0,
+                state, config, segment=k, starts_segment=(k > 0 or vace) and i == 0,
                 ends_segment=i == len(segment) - 1,
-                is_last=k == len(segments) - 1 and i == len(segment) - 1), _BLOCK_HOOK)
+                is_last=k == len(segments) - 1 and i == len(segment) - 1, group=group),
+                _BLOCK_HOOK)
 
     transformer._studio_step_cache = stats
     return stats
