@@ -79,12 +79,14 @@ class DenoiserWork(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.active:
-            if func is F.scaled_dot_product_attention:
-                q, k = args[0], args[1]
+            if func is F.scaled_dot_product_attention:  # positional or by keyword
+                q = args[0] if args else kwargs["query"]
+                k = args[1] if len(args) > 1 else kwargs["key"]
                 self.flops += 4.0 * q.numel() * k.shape[-2]
                 self.attention_calls += 1
             elif func is F.linear:
-                x, w = args[0], args[1] if len(args) > 1 else kwargs["weight"]
+                x = args[0] if args else kwargs["input"]
+                w = args[1] if len(args) > 1 else kwargs["weight"]
                 self.flops += 2.0 * (x.numel() // max(x.shape[-1], 1)) * w.shape[0] * w.shape[1]
         return func(*args, **kwargs)
 
@@ -146,6 +148,11 @@ class Case:
     steps: int
     eval_mode: str | None = None  # adherence mode on the embedded model
     denoiser_calls_per_step: int = 2
+
+    @property
+    def guided(self) -> bool:
+        """Whether each step runs separate conditional and unconditional calls."""
+        return self.denoiser_calls_per_step == 2
 
 
 def _wan_call(frames: int, size: int, guidance: float, text_len: int | None):
@@ -225,6 +232,30 @@ def ours(profile: str, config=None) -> Method:
     return Method(f"ours/{profile}", "ours", f"threshold {cfg.threshold:g}, order {cfg.order}",
                   setup=lambda t: apply_step_cache(t, cfg),
                   teardown=remove_step_cache)
+
+
+def ours_with_guidance_reuse(profile: str, reuse=None) -> Method:
+    """Our step cache of ``profile`` plus guidance reuse (the unconditional branch every
+    other step after 3 warm-up steps, its difference to the conditional one forecast)."""
+    from studio.engine.caching import apply_step_cache, remove_step_cache
+    from studio.engine.caching.cfg_reuse import CfgReuseConfig, apply_cfg_reuse, remove_cfg_reuse
+    from studio.engine.profiles import levers_for
+
+    cfg = levers_for(profile).step_cache
+    reuse = reuse or CfgReuseConfig()
+
+    def setup(t):
+        apply_step_cache(t, cfg)
+        apply_cfg_reuse(t, reuse)  # outer: a reused unconditional call costs nothing
+
+    def teardown(t):
+        remove_cfg_reuse(t)
+        remove_step_cache(t)
+
+    return Method(f"ours/{profile}+guidance-reuse", "ours",
+                  f"threshold {cfg.threshold:g}, order {cfg.order}; uncond every "
+                  f"{reuse.interval} steps after {reuse.warmup_steps}, order {reuse.order}",
+                  setup=setup, teardown=teardown)
 
 
 def diffusers_cache(name: str, config, setting: str) -> Method:
@@ -458,6 +489,10 @@ def run_case(case: Case, runs: int, adherence_n: int, peers: tuple[str, ...]) ->
         mine = runner.measure(ours(profile))
         mine["profile"] = profile
         rows.append(mine)
+        if case.guided:  # the lever acts on separate cond/uncond calls
+            extra = runner.measure(ours_with_guidance_reuse(profile))
+            extra["profile"] = profile
+            rows.append(extra)
         target = mine["full_denoiser_calls"]
         for peer, (make, grid, continuous) in usable.items():
             method, _ = match(runner, make, grid, continuous, target)
