@@ -215,7 +215,7 @@ class JobExecutor:
                    precision: str = "as-loaded") -> tuple[FamilyRunner, float]:
         """The loaded runner for ``entry`` at ``precision`` (loading it and transforming its
         denoiser weights if needed, see studio.engine.precision) and the load time in s."""
-        key = str(entry.path) if precision == "as-loaded" else f"{entry.path}|{precision}"
+        key = entry.load_key if precision == "as-loaded" else f"{entry.load_key}|{precision}"
         if key in self.loaded:
             self.loaded.move_to_end(key)
             return self.loaded[key], 0.0

@@ -15,6 +15,7 @@ configs and safetensors headers. Loading happens in :mod:`studio.engine.models.l
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field, replace
@@ -53,6 +54,10 @@ class ModelEntry:
         call_kwargs: extra pipeline-call arguments from the folder's ``studio.json``.
         description: one line about the model, from ``studio.json``.
         tuning: per-model optimization settings from ``studio.json`` (``step_cache``).
+        denoiser_file: a single-file denoiser checkpoint run on this folder's other
+            components (:mod:`studio.engine.models.single_file`); None for a plain folder.
+        denoiser_subfolder: the folder's component it replaces (``transformer``/``unet``).
+        denoiser_class: its diffusers class name.
     """
 
     model_id: str
@@ -68,6 +73,14 @@ class ModelEntry:
     call_kwargs: dict = field(default_factory=dict, compare=False)
     description: str = ""
     tuning: dict = field(default_factory=dict, compare=False)
+    denoiser_file: Path | None = None
+    denoiser_subfolder: str = ""
+    denoiser_class: str = ""
+
+    @property
+    def load_key(self) -> str:
+        """What identifies the loaded weights (the folder, and the single file if any)."""
+        return str(self.path) + (f"|{self.denoiser_file}" if self.denoiser_file else "")
 
     @property
     def usable(self) -> bool:
@@ -141,6 +154,7 @@ class ModelRegistry:
         A folder that cannot be read is listed with the reason; it never stops the scan.
         """
         entries: list[ModelEntry] = []
+        singles: list[Path] = []
         if self.embedded_dir.is_dir():
             for sub in sorted(self.embedded_dir.iterdir()):
                 if sub.is_dir():
@@ -157,6 +171,11 @@ class ModelRegistry:
                 subs = [folder]
             for sub in subs:
                 entries.append(self.inspect(sub, model_id=str(sub), source="folder"))
+            try:
+                singles += sorted(p for p in folder.iterdir()
+                                  if p.suffix == ".safetensors" and p.is_file())
+            except OSError:
+                pass
         if self.include_hf_cache:
             cache = hf_cache_dir()
             try:
@@ -171,7 +190,39 @@ class ModelRegistry:
                                               error="no downloaded snapshot"))
                 elif (snap / "model_index.json").exists():
                     entries.append(self.inspect(snap, model_id=mid, source="hf-cache"))
+        bases = [e for e in entries if not e.error]
+        entries += [self.inspect_single_file(p, bases) for p in singles]
         return entries
+
+    def inspect_single_file(self, file: Path, bases: list[ModelEntry]) -> ModelEntry:
+        """Checks a single-file denoiser checkpoint and pairs it with the first of ``bases``
+        whose denoiser has its layout; never raises (the entry carries the error)."""
+        from studio.engine.models.single_file import find_base, read_header
+
+        mid = str(file)
+        size = file.stat().st_size if file.exists() else 0
+        try:
+            found = find_base(file, bases)
+            header = read_header(file)
+        except ModelError as exc:
+            return ModelEntry(mid, file, source="single-file", size_bytes=size, error=str(exc))
+        if found is None:
+            return ModelEntry(mid, file, source="single-file", size_bytes=size, error=(
+                f"a single-file denoiser runs on a diffusers folder of the same model (its "
+                f"text encoders, VAE and configs); none of the {len(bases)} usable model(s) "
+                f"found has a denoiser of this file's layout"))
+        base, sub, cls = found
+        counts: dict[str, int] = {}
+        for dtype, shape in header.values():
+            n = 1
+            for d in shape:
+                n *= d
+            counts[dtype] = counts.get(dtype, 0) + n
+        names = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+        dtype = names.get(max(counts, key=counts.get), "") if counts else ""
+        return replace(base, model_id=mid, source="single-file", size_bytes=size,
+                       dtype=dtype, denoiser_file=file, denoiser_subfolder=sub,
+                       denoiser_class=cls, description=f"{file.name} on {base.model_id}")
 
     def inspect(self, folder: Path, *, model_id: str | None = None,
                 source: str = "folder") -> ModelEntry:
@@ -222,6 +273,12 @@ class ModelRegistry:
         elif (self.embedded_dir / model_id).is_dir() and "/" not in model_id:
             candidates.append((self.embedded_dir / model_id, model_id, "embedded"))
         path = Path(model_id).expanduser()
+        if path.suffix == ".safetensors" and path.is_file():  # a single-file denoiser
+            entry = self.inspect_single_file(path, [e for e in self.list()
+                                                    if not e.error and not e.denoiser_file])
+            if entry.error:
+                raise ModelError(f"model {model_id}: {entry.error}")
+            return entry
         path_like = model_id.startswith(("/", ".", "~")) or path.exists()
         if path_like:
             candidates.append((path, model_id, "folder"))
@@ -245,8 +302,16 @@ class ModelRegistry:
 
     def content_hash(self, entry: ModelEntry) -> str:
         """blake2b-128 of the entry's weights (cached per file by size and mtime)."""
-        cached = self._hash_cache.get(entry.path)
+        cached = self._hash_cache.get(entry.load_key)
         if cached is None:
             _index, files = check_folder(entry.path)
-            cached = self._hash_cache[entry.path] = weights_hash(entry.path, files)
+            if entry.denoiser_file is not None:  # the folder's other parts + the file
+                replaced = entry.path / entry.denoiser_subfolder
+                files = [f for f in files if replaced not in f.parents]
+                both = weights_hash(entry.path, files) + weights_hash(
+                    entry.denoiser_file.parent, [entry.denoiser_file])
+                cached = hashlib.blake2b(both.encode(), digest_size=16).hexdigest()
+            else:
+                cached = weights_hash(entry.path, files)
+            self._hash_cache[entry.load_key] = cached
         return cached

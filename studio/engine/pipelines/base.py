@@ -51,14 +51,27 @@ class RunOutput:
 
 
 def load_pipeline(cls: type, entry: ModelEntry, dtype: torch.dtype):
-    """``cls.from_pretrained`` on a local folder: safetensors only, never the network.
+    """``cls.from_pretrained`` on a local folder: safetensors only, never the network; with
+    the entry's single-file denoiser in place of the folder's when it has one.
 
     Raises:
         ModelError: the folder could not be loaded (names it and the reason).
     """
+    parts = {}
+    if entry.denoiser_file is not None:  # a single-file denoiser on the folder's other parts
+        import diffusers
+
+        from studio.engine.models.single_file import load_denoiser
+
+        if cls is diffusers.DiffusionPipeline:  # it drops passed components: use the class
+            cls = getattr(diffusers, entry.pipeline_class, cls)
+
+        parts[entry.denoiser_subfolder] = load_denoiser(
+            entry.denoiser_file, Path(entry.path), entry.denoiser_subfolder,
+            entry.denoiser_class, dtype)
     try:
         return cls.from_pretrained(Path(entry.path), dtype=dtype, local_files_only=True,
-                                   use_safetensors=True)
+                                   use_safetensors=True, **parts)
     except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
         raise ModelError(f"model {entry.model_id}: cannot load {entry.path} "
                          f"({type(exc).__name__}: {str(exc)[:300]})") from exc
