@@ -258,6 +258,33 @@ def ours_with_guidance_reuse(profile: str, reuse=None) -> Method:
                   setup=setup, teardown=teardown)
 
 
+def ours_with_token_reuse(profile: str, reuse=None) -> Method:
+    """Our step cache of ``profile`` plus token reuse on the full steps (each linear layer
+    recomputes only the tokens whose input moved; issue 6's video redundancy lever)."""
+    from studio.engine.caching import apply_step_cache, remove_step_cache
+    from studio.engine.caching.token_reuse import (
+        TokenReuseConfig,
+        apply_token_reuse,
+        remove_token_reuse,
+    )
+    from studio.engine.profiles import levers_for
+
+    cfg = levers_for(profile).step_cache
+    reuse = reuse or TokenReuseConfig()
+
+    def setup(t):
+        apply_token_reuse(t, reuse)
+        apply_step_cache(t, cfg)
+
+    def teardown(t):
+        remove_step_cache(t)
+        remove_token_reuse(t)
+
+    return Method(f"ours/{profile}+token-reuse", "ours",
+                  f"threshold {cfg.threshold:g}, order {cfg.order}; tokens moved > "
+                  f"{reuse.threshold:g} recomputed", setup=setup, teardown=teardown)
+
+
 def diffusers_cache(name: str, config, setting: str) -> Method:
     def setup(t):
         t.enable_cache(copy.deepcopy(config))
@@ -491,6 +518,10 @@ def run_case(case: Case, runs: int, adherence_n: int, peers: tuple[str, ...]) ->
         rows.append(mine)
         if case.guided:  # the lever acts on separate cond/uncond calls
             extra = runner.measure(ours_with_guidance_reuse(profile))
+            extra["profile"] = profile
+            rows.append(extra)
+        if case.eval_mode == "t2v":  # video: tokens that do not move across steps
+            extra = runner.measure(ours_with_token_reuse(profile))
             extra["profile"] = profile
             rows.append(extra)
         target = mine["full_denoiser_calls"]
