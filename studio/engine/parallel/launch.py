@@ -1,8 +1,8 @@
 """Rank groups on torch.distributed: spawn ``n`` processes on this machine (loopback only),
 NCCL on GPUs, gloo on the CPU, with short collective timeouts so a dead rank fails fast.
 
-Nothing here changes the environment at import time; :func:`run_ranks` sets the rendezvous
-variables in the spawned children only.
+Nothing here changes the environment at import time; the spawned ranks set the rendezvous
+variables in their own processes only.
 """
 
 from __future__ import annotations
@@ -42,58 +42,16 @@ def _portable(value, to_numpy: bool):
     return value
 
 
-def _child(rank: int, world: int, port: int, backend: str, timeout_s: float, fn, args, queue):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group(backend, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
-    try:
-        result = fn(rank, world, *args)
-        queue.put((rank, "ok", _portable(result, True)))
-    except Exception as exc:  # reported to the caller with the rank
-        queue.put((rank, "error", f"{type(exc).__name__}: {exc}"))
-        raise
-    finally:
-        dist.destroy_process_group()
-
-
 def run_ranks(fn: Callable, world_size: int, *args, backend: str | None = None,
               timeout_s: float = 60.0) -> list:
-    """Runs ``fn(rank, world_size, *args)`` on ``world_size`` spawned ranks; returns the
-    results by rank.
+    """Runs ``fn(rank, world_size, *args)`` once on ``world_size`` freshly spawned ranks;
+    returns the results by rank (a :class:`RankGroup` used once).
 
     Raises:
         RuntimeError: a rank failed or died (names it and why).
     """
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_child, args=(r, world_size, port, backend, timeout_s, fn,
-                                              args, queue), daemon=True)
-             for r in range(world_size)]
-    for p in procs:
-        p.start()
-    results: dict[int, object] = {}
-    errors = []
-    for _ in range(world_size):
-        try:
-            rank, status, value = queue.get(timeout=timeout_s * 4)
-        except Exception:
-            errors.append("a rank stopped without reporting (killed or crashed)")
-            break
-        if status == "ok":
-            results[rank] = _portable(value, False)
-        else:
-            errors.append(f"rank {rank}: {value}")
-    for p in procs:
-        p.join(timeout=timeout_s)
-        if p.is_alive():
-            p.kill()
-    if errors or len(results) != world_size:
-        raise RuntimeError("parallel job failed: " + "; ".join(errors or ["missing results"]))
-    return [results[r] for r in range(world_size)]
+    with RankGroup(world_size, backend=backend, timeout_s=timeout_s) as group:
+        return group.run(fn, *args)
 
 
 def _group_rank(rank: int, world: int, port: int, backend: str, timeout_s: float, tasks,

@@ -28,16 +28,19 @@ from studio.engine.preview import LatentPreview
 
 
 class LTXRunner(FamilyRunner):
-    """Runs LTX-Video requests on one loaded model."""
+    """Runs LTX-Video requests on one loaded model (LTX-2 shares the loading and previews:
+    :class:`~studio.engine.pipelines.ltx2.LTX2Runner` names its own pipeline classes)."""
+
+    PIPELINES = {"t2v": "LTXPipeline", "i2v": "LTXImageToVideoPipeline"}
 
     def __init__(self, entry, device, dtype):
         super().__init__(entry, device, dtype)
-        from diffusers import DiffusionPipeline, LTXImageToVideoPipeline, LTXPipeline
+        import diffusers
 
-        base = load_pipeline(DiffusionPipeline, entry, dtype).to(device)
+        base = load_pipeline(diffusers.DiffusionPipeline, entry, dtype).to(device)
         base.set_progress_bar_config(disable=True)
-        self.pipes = {"t2v": derive_pipeline(LTXPipeline, base),
-                      "i2v": derive_pipeline(LTXImageToVideoPipeline, base)}
+        self.pipes = {mode: derive_pipeline(getattr(diffusers, name), base)
+                      for mode, name in self.PIPELINES.items()}
         for pipe in self.pipes.values():
             pipe.set_progress_bar_config(disable=True)
         self.base = base

@@ -24,23 +24,19 @@ import torch
 
 from studio.core.media import fit_image
 from studio.core.request import GenerationRequest
-from studio.engine.models.registry import ModelEntry
 from studio.engine.pipelines.base import (
-    FamilyRunner,
     RunOutput,
     StageClock,
     StepFn,
-    derive_pipeline,
-    load_pipeline,
     make_callback,
     to_pil,
 )
-from studio.engine.preview import LatentPreview
+from studio.engine.pipelines.ltx import LTXRunner
 
 DEFAULT_MAX_SEQUENCE_LENGTH = 1024  # LTX2Pipeline's own default
 
 
-class LTX2Runner(FamilyRunner):
+class LTX2Runner(LTXRunner):
     """Runs LTX-2 requests (t2v, t2i as one frame, i2v) on one loaded model.
 
     Args:
@@ -52,41 +48,7 @@ class LTX2Runner(FamilyRunner):
         ModelError: the folder cannot be loaded.
     """
 
-    def __init__(self, entry: ModelEntry, device: torch.device, dtype: torch.dtype):
-        super().__init__(entry, device, dtype)
-        from diffusers import DiffusionPipeline, LTX2ImageToVideoPipeline, LTX2Pipeline
-
-        base = load_pipeline(DiffusionPipeline, entry, dtype).to(device)
-        base.set_progress_bar_config(disable=True)
-        self.pipes = {"t2v": derive_pipeline(LTX2Pipeline, base),
-                      "i2v": derive_pipeline(LTX2ImageToVideoPipeline, base)}
-        for pipe in self.pipes.values():
-            pipe.set_progress_bar_config(disable=True)
-        self.base = base
-        self.spatial = int(base.vae_spatial_compression_ratio)
-        self.temporal = int(base.vae_temporal_compression_ratio)
-        self.preview = self._fit_preview()
-
-    def _fit_preview(self) -> LatentPreview:
-        vae, pipe = self.base.vae, self.base
-
-        def decode(z: torch.Tensor) -> torch.Tensor:
-            z = pipe._denormalize_latents(z, vae.latents_mean, vae.latents_std,
-                                          vae.config.scaling_factor)
-            return vae.decode(z, return_dict=False)[0]
-
-        return LatentPreview.fit(decode, (int(vae.config.latent_channels), 1, 4, 4),
-                                 self.spatial, device=self.device, dtype=vae.dtype)
-
-    def _latents_view(self, request: GenerationRequest, frames: int):
-        """Packed step latents (B, f·h·w, C) -> (B, C, f, h, w) for the preview."""
-        f = (frames - 1) // self.temporal + 1
-        h, w = request.height // self.spatial, request.width // self.spatial
-        tr = self.base.transformer.config
-
-        def view(latents: torch.Tensor) -> torch.Tensor:
-            return self.base._unpack_latents(latents, f, h, w, tr.patch_size, tr.patch_size_t)
-        return view
+    PIPELINES = {"t2v": "LTX2Pipeline", "i2v": "LTX2ImageToVideoPipeline"}
 
     def _call_extras(self) -> dict:
         """The folder's ``studio.json`` ``call_kwargs`` other than the text length."""
