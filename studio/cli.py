@@ -247,6 +247,10 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
         optimization=OptimizationSettings(
             profile=args.profile or base.get("optimization", {}).get("profile", "exact")),
         **fields)
+    if args.strength is not None and mode != "i2i":
+        raise BadInput(f"strength: only used in mode i2i (with --init-image); this is {mode}")
+    if args.fps is not None and not video:
+        raise BadInput(f"fps: only used for videos (t2v, i2v, r2v); this is {mode}")
     if not video and args.frames is None:
         req_fields["num_frames"] = 1
     if video and req_fields["num_frames"] == 1 and args.frames is None:

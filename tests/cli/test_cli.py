@@ -230,3 +230,12 @@ def test_a_full_disk_is_named_as_such(tmp_path, capsys, monkeypatch):
     assert code == 1 and "internal error" not in err
     assert err.strip().splitlines()[-1] == (f"error: cannot write {tmp_path / 'o.png'}: No space left on device "
                            f"(nothing was left half written)")
+
+
+def test_options_the_mode_does_not_use_are_refused(tmp_path, capsys):
+    for extra, message in ((("--strength", "0.5"), "strength: only used in mode i2i"),
+                           (("--fps", "30"), "fps: only used for videos")):
+        code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--steps", "1",
+                                     "--out", tmp_path / "o.png", *extra)
+        assert code == 2 and message in err and "this is t2i" in err
+        assert not (tmp_path / "o.png").exists()
