@@ -485,24 +485,31 @@ def test_hidream_ring_under_our_own_plan_with_text_on_every_rank(ranks, tmp_path
         assert runs[0][3]["send"] > 0
 
 
-def test_flux2_under_diffusers_plan_with_ulysses_and_ring(ranks, tmp_path_factory):
-    """FLUX.2 through the engine under Ulysses 2 and ring 2 (diffusers' plan; ring on our
-    kernel): the single-process image."""
-    from studio.testing.tiny_pipelines import build_tiny_flux2
+@pytest.mark.parametrize("family", ["flux2", "qwen-image"])
+def test_flux2_and_qwen_under_diffusers_plans_with_ulysses_and_ring(ranks, tmp_path_factory,
+                                                                     family):
+    """FLUX.2 and Qwen-Image through the engine under Ulysses 2 and ring 2 (diffusers'
+    plans; ring on our kernel, with Qwen's text mask): the single-process image. Qwen's plan
+    splits the text: prompts of an odd and an even token count, the odd one padded with a
+    masked token."""
+    from studio.testing import tiny_pipelines as tiny
 
-    folder = build_tiny_flux2(tmp_path_factory.mktemp("flux2") / "flux2")
-    requests = [embedded_request(model=str(folder), steps=2, mode="t2i", num_frames=1)]
+    build = tiny.build_tiny_flux2 if family == "flux2" else tiny.build_tiny_qwen_image
+    folder = build(tmp_path_factory.mktemp(family) / family)
+    requests = [embedded_request(model=str(folder), steps=2, mode="t2i", num_frames=1,
+                                 prompt=prompt) for prompt in ("a red circle", "a red circle on")]
     want = embedded_reference(requests)
     for scheme in ("ulysses", "ring"):
         results = ranks.run(plan_rank, {f"{scheme}_degree": 2}, requests)
         check_plan_results(results, want, f"{scheme} 2 (2 ranks)")
-        for _, [(_, _, _, sent)] in results:
-            assert sent["send" if scheme == "ring" else "all_to_all_single"] > 0
+        for _, runs in results:
+            for *_, sent in runs:
+                assert sent["send" if scheme == "ring" else "all_to_all_single"] > 0
 
 
 def test_sequence_plans_that_break_are_refused_with_the_reason():
-    """diffusers' LTX, LTX-2 and Qwen-Image plans fail on what the studio runs (see
-    parallel/plans.py): refused before any rank work, with the reason and the way out."""
+    """diffusers' LTX and LTX-2 plans fail on what the studio runs (see parallel/plans.py):
+    refused before any rank work, with the reason and the way out."""
     import diffusers
 
     from studio.engine.parallel.sequence import apply_sequence_parallel

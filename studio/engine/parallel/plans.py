@@ -38,13 +38,37 @@ from studio.engine.parallel.ring import ring_attention
 NOT_YET = {
     "LTXVideoTransformer3DModel": "its plan splits the text and its attention mask, and "
                                   "the masked cross-attention fails under Ulysses (a shape "
-                                  "error in diffusers) and ring (our ring takes no masks yet)",
+                                  "error in diffusers) and ring (our ring does not take this "
+                                  "mask layout yet)",
     "LTX2VideoTransformer3DModel": "its plan's split rotary embedding does not match the "
                                    "split audio-video tokens (a shape error in diffusers)",
-    "QwenImageTransformer2DModel": "its plan splits the prompt's text tokens, which must "
-                                   "then divide evenly by the degree (padding is not "
-                                   "supported yet)",
 }
+
+# denoisers whose diffusers plan splits the text tokens: the text is padded to a multiple of
+# the sequence degree with masked tokens (keys nobody attends; their own outputs are unused)
+TEXT_PADDING = {
+    "QwenImageTransformer2DModel": ("encoder_hidden_states", "encoder_hidden_states_mask"),
+}
+
+
+def install_text_padding(transformer: torch.nn.Module, degree: int) -> None:
+    """Pads the text of every call of ``transformer`` to a multiple of ``degree`` tokens,
+    masked (a forward pre-hook: it runs before diffusers' split hooks)."""
+    states_name, mask_name = TEXT_PADDING[type(transformer).__name__]
+
+    def pad(module, args, kwargs):
+        states = kwargs.get(states_name)
+        if states is None or states.shape[1] % degree == 0:
+            return None
+        extra = -states.shape[1] % degree
+        mask = kwargs.get(mask_name)
+        if mask is None:
+            mask = torch.ones(states.shape[:2], dtype=torch.bool, device=states.device)
+        kwargs[states_name] = torch.nn.functional.pad(states, (0, 0, 0, extra))
+        kwargs[mask_name] = torch.nn.functional.pad(mask.bool(), (0, extra), value=False)
+        return args, kwargs
+
+    transformer.register_forward_pre_hook(pad, with_kwargs=True)
 
 
 def plan_for(transformer: torch.nn.Module) -> dict | None:

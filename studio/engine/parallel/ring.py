@@ -45,9 +45,32 @@ def _merge(out, lse, block_out, block_lse):
     return out, new_lse
 
 
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor,
+                     scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention with a key mask, in plain torch (float32 scores).
+
+    Args:
+        q: (batch, heads, queries, head_dim); k, v: (batch, heads, keys, head_dim).
+        valid: (batch, keys) bool, True where a key may be attended.
+
+    Returns:
+        out (batch, heads, queries, head_dim) in q's dtype (0 where no key is valid) and the
+        log-sum-exp (batch, heads, queries) float32 (-inf where no key is valid).
+    """
+    import math
+
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    weights = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    return torch.matmul(weights, v.float()).to(q.dtype), lse
+
+
 def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, group,
                    scale: float | None = None, overlap: bool = True,
-                   block_tokens: list[int] | None = None, shared_tokens: int = 0
+                   block_tokens: list[int] | None = None, shared_tokens: int = 0,
+                   key_valid: list[torch.Tensor] | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of the local queries to the whole ring's keys and values.
 
@@ -62,6 +85,9 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
             padding is masked. None: every rank sends as many as this one.
         shared_tokens: trailing key/value tokens that every rank holds alike (text kept
             whole on every rank): attended once, with the rank's own block, never sent.
+        key_valid: per rank (in group order), a (batch, that rank's tokens) bool mask of the
+            keys that may be attended (padding masked); those blocks run the masked torch
+            path. None: every key is valid.
 
     Returns:
         out (batch, local_tokens, heads, head_dim) in query's dtype, and the log-sum-exp
@@ -97,16 +123,22 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
                 for request in pending:
                     request.wait()
         valid = None
+        source = (rank - step) % world  # the rank whose block is held now
         if step == 0:  # the rank's own block, with the shared tokens, unpadded
             block_k, block_v = key, value
         else:
             block_k, block_v = k, v
-            if lengths is not None:  # the block held now came from rank - step
-                valid = torch.full((q.shape[0],), lengths[(rank - step) % world],
-                                   dtype=torch.int32, device=q.device)
-        block_out, block_lse = attention(q, block_k.transpose(1, 2).contiguous(),
-                                         block_v.transpose(1, 2).contiguous(), kv_lengths=valid,
-                                         scale=scale)
+            if lengths is not None:
+                valid = torch.full((q.shape[0],), lengths[source], dtype=torch.int32,
+                                   device=q.device)
+        block_k = block_k.transpose(1, 2).contiguous()
+        block_v = block_v.transpose(1, 2).contiguous()
+        if key_valid is not None:
+            mask = key_valid[source]
+            mask = torch.nn.functional.pad(mask, (0, block_k.shape[2] - mask.shape[1]))
+            block_out, block_lse = masked_attention(q, block_k, block_v, mask, scale)
+        else:
+            block_out, block_lse = attention(q, block_k, block_v, kv_lengths=valid, scale=scale)
         out, lse = _merge(out, lse, block_out.float(), block_lse)
         if pending is not None:
             for request in pending:
@@ -114,6 +146,29 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
             k = incoming[:k.numel()].view_as(k)
             v = incoming[k.numel():].view_as(v)
     return out.to(query.dtype).transpose(1, 2), lse.transpose(1, 2)
+
+
+def _gather_key_mask(attn_mask: torch.Tensor, key: torch.Tensor, group) -> list[torch.Tensor]:
+    """Every rank's (batch, local keys) bool key mask, from this rank's key-padding mask
+    ((batch, keys), (batch, 1, 1, keys) or (batch, 1, keys), bool or additive).
+
+    Raises:
+        ValueError: a mask that varies over the queries (not a key-padding mask).
+    """
+    mask = attn_mask
+    if mask.dim() == 4:
+        if mask.shape[1] != 1 or mask.shape[2] != 1:
+            raise ValueError("ring attention: only key-padding masks are supported")
+        mask = mask[:, 0, 0]
+    elif mask.dim() == 3:
+        if mask.shape[1] != 1:
+            raise ValueError("ring attention: only key-padding masks are supported")
+        mask = mask[:, 0]
+    valid = mask if mask.dtype == torch.bool else mask > -1.0  # additive: 0 keep, -inf/-1e4
+    valid = valid.expand(key.shape[0], key.shape[1]).to(torch.uint8).contiguous()
+    parts = [torch.empty_like(valid) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, valid, group=group)  # as bytes: gloo has no bool collectives
+    return [p.bool() for p in parts]
 
 
 def _lse_forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
@@ -148,11 +203,12 @@ def context_parallel_attention(query, key, value, attn_mask=None, dropout_p=0.0,
         return out
     cp = _parallel_config.context_parallel_config
     if cp.ring_degree > 1 and cp.ulysses_degree == 1:
-        if attn_mask is not None or dropout_p or is_causal or enable_gqa:
-            raise ValueError("ring attention: masks, dropout, causal and GQA are not "
-                             "supported")
-        out, lse = ring_attention(query, key, value, group=cp._ring_mesh.get_group(),
-                                  scale=scale)
+        if dropout_p or is_causal or enable_gqa:
+            raise ValueError("ring attention: dropout, causal and GQA are not supported")
+        group = cp._ring_mesh.get_group()
+        key_valid = None if attn_mask is None else _gather_key_mask(attn_mask, key, group)
+        out, lse = ring_attention(query, key, value, group=group, scale=scale,
+                                  key_valid=key_valid)
         return (out, lse) if return_lse else out
     from diffusers.models.attention_dispatch import _templated_context_parallel_attention
 

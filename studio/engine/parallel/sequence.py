@@ -52,7 +52,9 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
     from studio.engine.parallel.plans import (
         NOT_YET,
         SDPA_PLANS,
+        TEXT_PADDING,
         apply_sdpa_sequence_plan,
+        install_text_padding,
         plan_for,
     )
 
@@ -88,6 +90,8 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
         from studio.engine.parallel.ring import install_ring_backend
 
         install_ring_backend(transformer)
+    if name in TEXT_PADDING:
+        install_text_padding(transformer, config.sequence_degree)
     with _cpu_ranks():
         transformer.enable_parallelism(config=cp, cp_plan=plan)
     # the step cache all-reduces its decision signal over this group (rank-consistent)
