@@ -36,12 +36,15 @@ from studio.engine.parallel.ring import ring_attention
 # denoisers whose diffusers plan exists but breaks on what the studio runs (checked on tiny
 # models on gloo ranks, diffusers 0.42.1): refused with the reason, CFG parallel still works
 NOT_YET = {
-    "LTXVideoTransformer3DModel": "its plan splits the text and its attention mask, and "
-                                  "the masked cross-attention fails under Ulysses (a shape "
-                                  "error in diffusers) and ring (our ring does not take this "
-                                  "mask layout yet)",
     "LTX2VideoTransformer3DModel": "its plan's split rotary embedding does not match the "
                                    "split audio-video tokens (a shape error in diffusers)",
+}
+
+# denoisers whose plan works with our ring but not under diffusers' Ulysses
+ULYSSES_NOT_YET = {
+    "LTXVideoTransformer3DModel": "its plan splits the text and its attention mask, and the "
+                                  "masked cross-attention fails in diffusers' Ulysses (a "
+                                  "shape error); use ring_degree (our ring takes the mask)",
 }
 
 # denoisers whose diffusers plan splits the text tokens: the text is padded to a multiple of

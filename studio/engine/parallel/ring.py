@@ -150,14 +150,15 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
 
 def _gather_key_mask(attn_mask: torch.Tensor, key: torch.Tensor, group) -> list[torch.Tensor]:
     """Every rank's (batch, local keys) bool key mask, from this rank's key-padding mask
-    ((batch, keys), (batch, 1, 1, keys) or (batch, 1, keys), bool or additive).
+    ((batch, keys), (batch, 1 or heads, 1, keys) alike over the heads, or (batch, 1, keys);
+    bool or additive).
 
     Raises:
         ValueError: a mask that varies over the queries (not a key-padding mask).
     """
     mask = attn_mask
-    if mask.dim() == 4:
-        if mask.shape[1] != 1 or mask.shape[2] != 1:
+    if mask.dim() == 4:  # (batch, 1 or heads, 1, keys): the same keys for every head
+        if mask.shape[2] != 1 or not torch.equal(mask, mask[:, :1].expand_as(mask)):
             raise ValueError("ring attention: only key-padding masks are supported")
         mask = mask[:, 0, 0]
     elif mask.dim() == 3:

@@ -53,6 +53,7 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
         NOT_YET,
         SDPA_PLANS,
         TEXT_PADDING,
+        ULYSSES_NOT_YET,
         apply_sdpa_sequence_plan,
         install_text_padding,
         plan_for,
@@ -62,6 +63,9 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
     if name in NOT_YET:
         raise ParallelConfigError(f"sequence parallel: not available for {name} yet: "
                                   f"{NOT_YET[name]}; use CFG parallelism for it")
+    if name in ULYSSES_NOT_YET and config.ulysses_degree > 1:
+        raise ParallelConfigError(f"ulysses_degree: not available for {name} yet: "
+                                  f"{ULYSSES_NOT_YET[name]}")
     plan = plan_for(transformer)
     own = SDPA_PLANS.get(name)
     if plan is None and own is not None:
