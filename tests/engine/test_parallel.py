@@ -508,40 +508,33 @@ def test_flux2_and_qwen_under_diffusers_plans_with_ulysses_and_ring(ranks, tmp_p
 
 
 def test_sequence_plans_that_break_are_refused_with_the_reason():
-    """diffusers' LTX-2 plan, and its LTX-Video plan under Ulysses, fail on what the studio
-    runs (see parallel/plans.py): refused before any rank work, with the reason and the way
-    out."""
+    """diffusers' LTX-2 plan fails on what the studio runs (see parallel/plans.py): refused
+    before any rank work, with the reason and the way out."""
     import diffusers
 
     from studio.engine.parallel.sequence import apply_sequence_parallel
 
-    ltx = diffusers.LTXVideoTransformer3DModel(
-        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8,
-        cross_attention_dim=16, num_layers=1, caption_channels=16)
-    with pytest.raises(ParallelConfigError, match="ulysses_degree: not available for "
-                       "LTXVideoTransformer3DModel yet: .*masked cross-attention.*use "
-                       "ring_degree"):
-        apply_sequence_parallel(ltx, ParallelConfig(ulysses_degree=2))
     # the refusal comes before anything reads the model: no need to build a real one
     ltx2 = diffusers.LTX2VideoTransformer3DModel.__new__(diffusers.LTX2VideoTransformer3DModel)
-    with pytest.raises(ParallelConfigError, match="not available for "
-                       "LTX2VideoTransformer3DModel yet: .*rotary.*use CFG"):
-        apply_sequence_parallel(ltx2, ParallelConfig(ring_degree=2))
+    for degrees in (dict(ring_degree=2), dict(ulysses_degree=2)):
+        with pytest.raises(ParallelConfigError, match="not available for "
+                           "LTX2VideoTransformer3DModel yet: .*rotary.*use CFG"):
+            apply_sequence_parallel(ltx2, ParallelConfig(**degrees))
 
 
-def test_ltx_video_ring_with_its_text_mask(ranks, tmp_path_factory):
-    """LTX-Video's plan splits the text and its (batch, heads, 1, keys) mask: our ring takes
-    the mask (each rank's gathered). The single-process video; Ulysses is refused with the
-    reason (diffusers' Ulysses fails on this masked cross-attention)."""
+def test_ltx_video_with_its_text_mask_under_ulysses_and_ring(ranks, tmp_path_factory):
+    """LTX-Video's plan splits the text and its (batch, heads, 1, keys) mask. Our ring takes
+    the mask (each rank's gathered); under Ulysses its attention runs on our backend, which
+    reduces the gathered mask to key padding (diffusers' own Ulysses forward fails on it).
+    The single-process video."""
     from studio.testing.tiny_pipelines import build_tiny_ltx
 
     folder = build_tiny_ltx(tmp_path_factory.mktemp("ltx-par") / "ltx")
     requests = [embedded_request(model=str(folder), steps=2, mode="t2v", width=64, height=64,
                                  num_frames=9)]
     want = embedded_reference(requests)
-    results = ranks.run(plan_rank, {"ring_degree": 2}, requests)
-    check_plan_results(results, want, "ring 2 (2 ranks)")
-    for _, [(*_, sent)] in results:
-        assert sent["send"] > 0
-    with pytest.raises(RuntimeError, match="ulysses_degree: .*LTXVideoTransformer3DModel"):
-        ranks.run(plan_rank, {"ulysses_degree": 2}, requests)
+    for scheme in ("ulysses", "ring"):
+        results = ranks.run(plan_rank, {f"{scheme}_degree": 2}, requests)
+        check_plan_results(results, want, f"{scheme} 2 (2 ranks)")
+        for _, [(*_, sent)] in results:
+            assert sent["send" if scheme == "ring" else "all_to_all_single"] > 0

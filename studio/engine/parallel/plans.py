@@ -40,12 +40,10 @@ NOT_YET = {
                                    "split audio-video tokens (a shape error in diffusers)",
 }
 
-# denoisers whose plan works with our ring but not under diffusers' Ulysses
-ULYSSES_NOT_YET = {
-    "LTXVideoTransformer3DModel": "its plan splits the text and its attention mask, and the "
-                                  "masked cross-attention fails in diffusers' Ulysses (a "
-                                  "shape error); use ring_degree (our ring takes the mask)",
-}
+# denoisers whose masked attention fails in diffusers' Ulysses forward (its text mask keeps
+# every head while the all-to-all leaves each rank a share): Ulysses runs on our attention
+# backend, which reduces the mask to key padding
+OUR_ULYSSES_ATTENTION = frozenset({"LTXVideoTransformer3DModel"})
 
 # denoisers whose diffusers plan splits the text tokens: the text is padded to a multiple of
 # the sequence degree with masked tokens (keys nobody attends; their own outputs are unused)

@@ -148,25 +148,31 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     return out.to(query.dtype).transpose(1, 2), lse.transpose(1, 2)
 
 
-def _gather_key_mask(attn_mask: torch.Tensor, key: torch.Tensor, group) -> list[torch.Tensor]:
-    """Every rank's (batch, local keys) bool key mask, from this rank's key-padding mask
-    ((batch, keys), (batch, 1 or heads, 1, keys) alike over the heads, or (batch, 1, keys);
-    bool or additive).
+def key_padding_mask(attn_mask: torch.Tensor, batch: int, keys: int) -> torch.Tensor:
+    """A (batch, keys) bool mask (True: may be attended) from a key-padding attention mask:
+    (batch, keys), (batch, 1, keys), or (batch, 1 or heads, 1, keys) alike over the heads;
+    bool, or additive (0 keep, -inf or -1e4 drop).
 
     Raises:
-        ValueError: a mask that varies over the queries (not a key-padding mask).
+        ValueError: a mask that varies over the queries or the heads (not key padding).
     """
     mask = attn_mask
-    if mask.dim() == 4:  # (batch, 1 or heads, 1, keys): the same keys for every head
+    if mask.dim() == 4:
         if mask.shape[2] != 1 or not torch.equal(mask, mask[:, :1].expand_as(mask)):
-            raise ValueError("ring attention: only key-padding masks are supported")
+            raise ValueError("ring/Ulysses attention: only key-padding masks are supported")
         mask = mask[:, 0, 0]
     elif mask.dim() == 3:
         if mask.shape[1] != 1:
-            raise ValueError("ring attention: only key-padding masks are supported")
+            raise ValueError("ring/Ulysses attention: only key-padding masks are supported")
         mask = mask[:, 0]
-    valid = mask if mask.dtype == torch.bool else mask > -1.0  # additive: 0 keep, -inf/-1e4
-    valid = valid.expand(key.shape[0], key.shape[1]).to(torch.uint8).contiguous()
+    valid = mask if mask.dtype == torch.bool else mask > -1.0
+    return valid.expand(batch, keys)
+
+
+def _gather_key_mask(attn_mask: torch.Tensor, key: torch.Tensor, group) -> list[torch.Tensor]:
+    """Every rank's (batch, local keys) bool key mask (see :func:`key_padding_mask`)."""
+    valid = key_padding_mask(attn_mask, key.shape[0], key.shape[1]).to(torch.uint8)
+    valid = valid.contiguous()
     parts = [torch.empty_like(valid) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, valid, group=group)  # as bytes: gloo has no bool collectives
     return [p.bool() for p in parts]
@@ -175,11 +181,16 @@ def _gather_key_mask(attn_mask: torch.Tensor, key: torch.Tensor, group) -> list[
 def _lse_forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                     scale=None, enable_gqa=False, return_lse=False, _save_ctx=True,
                     _parallel_config=None):
-    """diffusers' forward-op contract on our kernel: (B, S, H, D) in, out (and lse (B, S, H))."""
-    if attn_mask is not None or dropout_p or is_causal or enable_gqa:
-        raise ValueError("ring attention: masks, dropout, causal and GQA are not supported")
-    out, lse = attention(*(x.transpose(1, 2).contiguous() for x in (query, key, value)),
-                         scale=scale)
+    """diffusers' forward-op contract on our kernel: (B, S, H, D) in, out (and lse (B, S, H));
+    a key-padding mask runs the masked torch path."""
+    if dropout_p or is_causal or enable_gqa:
+        raise ValueError("ring/Ulysses attention: dropout, causal and GQA are not supported")
+    q, k, v = (x.transpose(1, 2).contiguous() for x in (query, key, value))
+    if attn_mask is not None:
+        valid = key_padding_mask(attn_mask, k.shape[0], k.shape[2])
+        out, lse = masked_attention(q, k, v, valid, scale)
+    else:
+        out, lse = attention(q, k, v, scale=scale)
     out = out.transpose(1, 2)
     return (out, lse.transpose(1, 2)) if return_lse else out
 

@@ -51,9 +51,9 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
 
     from studio.engine.parallel.plans import (
         NOT_YET,
+        OUR_ULYSSES_ATTENTION,
         SDPA_PLANS,
         TEXT_PADDING,
-        ULYSSES_NOT_YET,
         apply_sdpa_sequence_plan,
         install_text_padding,
         plan_for,
@@ -63,9 +63,6 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
     if name in NOT_YET:
         raise ParallelConfigError(f"sequence parallel: not available for {name} yet: "
                                   f"{NOT_YET[name]}; use CFG parallelism for it")
-    if name in ULYSSES_NOT_YET and config.ulysses_degree > 1:
-        raise ParallelConfigError(f"ulysses_degree: not available for {name} yet: "
-                                  f"{ULYSSES_NOT_YET[name]}")
     plan = plan_for(transformer)
     own = SDPA_PLANS.get(name)
     if plan is None and own is not None:
@@ -90,7 +87,7 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
     cp = ContextParallelConfig(ulysses_degree=config.ulysses_degree or None,
                                ring_degree=config.ring_degree or None,
                                mesh=mesh.sequence_mesh if mesh is not None else None)
-    if config.ring_degree > 1:
+    if config.ring_degree > 1 or name in OUR_ULYSSES_ATTENTION:
         from studio.engine.parallel.ring import install_ring_backend
 
         install_ring_backend(transformer)
