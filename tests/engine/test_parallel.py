@@ -507,19 +507,33 @@ def test_flux2_and_qwen_under_diffusers_plans_with_ulysses_and_ring(ranks, tmp_p
                 assert sent["send" if scheme == "ring" else "all_to_all_single"] > 0
 
 
-def test_sequence_plans_that_break_are_refused_with_the_reason():
-    """diffusers' LTX-2 plan fails on what the studio runs (see parallel/plans.py): refused
-    before any rank work, with the reason and the way out."""
-    import diffusers
+def test_ltx2_audio_video_ring_under_our_own_plan(ranks, tmp_path_factory):
+    """LTX-2 (diffusers' plan is LTX-1's and breaks on it): ours splits the video tokens
+    with their coordinates and per-token timestep, keeps audio and text whole, and rings the
+    video self-attention and the video-to-audio attention. Text-to-video, and
+    image-to-video (a per-token timestep), give the single-process frames, with and without
+    the cache (which forecasts both streams); Ulysses is refused with the reason."""
+    from studio.core.media import pixels_content_id
+    from studio.core.request import MediaRef
+    from studio.testing.tiny_pipelines import build_tiny_ltx2
 
-    from studio.engine.parallel.sequence import apply_sequence_parallel
-
-    # the refusal comes before anything reads the model: no need to build a real one
-    ltx2 = diffusers.LTX2VideoTransformer3DModel.__new__(diffusers.LTX2VideoTransformer3DModel)
-    for degrees in (dict(ring_degree=2), dict(ulysses_degree=2)):
-        with pytest.raises(ParallelConfigError, match="not available for "
-                           "LTX2VideoTransformer3DModel yet: .*rotary.*use CFG"):
-            apply_sequence_parallel(ltx2, ParallelConfig(**degrees))
+    folder = build_tiny_ltx2(tmp_path_factory.mktemp("ltx2-par") / "ltx2")
+    image = (np.random.default_rng(3).random((64, 64, 3)) * 255).astype(np.uint8)
+    first = MediaRef(pixels_content_id(image), "first.png")
+    inputs = {first.content_id: image}
+    video = dict(model=str(folder), width=64, height=64, num_frames=9)
+    requests = [embedded_request(mode="t2v", steps=2, **video),
+                embedded_request(mode="i2v", steps=2, first_frame=first, **video),
+                embedded_request(mode="t2v", steps=10, profile="fast", **video)]
+    want = embedded_reference(requests, inputs)
+    assert " 0 forecast" not in want[2][2][0]
+    results = ranks.run(plan_rank, {"ring_degree": 2}, requests, inputs)
+    check_plan_results(results, want, "ring 2 (2 ranks)")
+    for _, runs in results:
+        for *_, sent in runs:
+            assert sent["send"] > 0
+    with pytest.raises(RuntimeError, match="splits its sequence with ring attention only"):
+        ranks.run(plan_rank, {"ulysses_degree": 2}, requests[:1], inputs)
 
 
 def test_ltx_video_with_its_text_mask_under_ulysses_and_ring(ranks, tmp_path_factory):

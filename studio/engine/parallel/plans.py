@@ -19,10 +19,18 @@ attention (padded, masked blocks). Ring only: Ulysses would need even shards.
 HiDream concatenates fresh text states into every block and slices them back by length: its
 plan keeps the text whole on every rank, splits the image tokens (and the matching rows of
 its rotary embedding), and rings only the image key/value shards; the text is attended once.
+
+LTX-2 (audio-video) has a diffusers plan, but it is LTX-1's: it splits the output of a rotary
+embedding that is 4-D in the "split" layout and leaves the audio stream, which attends to the
+video every block, facing a shard. Ours splits the video tokens at the forward's inputs
+(latents, coordinates, per-token timestep), keeps audio and text whole on every rank, and
+rings the two attentions whose keys are video tokens: the video self-attention and the
+video-to-audio attention (whose queries, the audio, are whole on every rank).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -35,10 +43,7 @@ from studio.engine.parallel.ring import ring_attention
 
 # denoisers whose diffusers plan exists but breaks on what the studio runs (checked on tiny
 # models on gloo ranks, diffusers 0.42.1): refused with the reason, CFG parallel still works
-NOT_YET = {
-    "LTX2VideoTransformer3DModel": "its plan's split rotary embedding does not match the "
-                                   "split audio-video tokens (a shape error in diffusers)",
-}
+NOT_YET: dict[str, str] = {}
 
 # denoisers whose masked attention fails in diffusers' Ulysses forward (its text mask keeps
 # every head while the all-to-all leaves each rank a share): Ulysses runs on our attention
@@ -97,11 +102,31 @@ def plan_for(transformer: torch.nn.Module) -> dict | None:
 
 class _PlanState:
     """What the plan's hooks share within one forward: whether a cross-rank attention runs,
-    and this rank's slice of the image tokens (start, size, total)."""
+    this rank's slice of the image (or video) tokens (start, size, total), and the total
+    token count of every tensor split this forward (each rank's key block is its share of
+    each: the ring's block sizes follow from them, with no collective)."""
 
     def __init__(self):
         self.active = 0
         self.image = (0, 0, 0)
+        self.totals: list[int] = []
+
+    def record(self, total: int, group, first: bool) -> tuple[int, int]:
+        """Records a split of ``total`` tokens (``first``: the image tokens, which start a
+        new forward); returns this rank's (start, size)."""
+        n, rank = dist.get_world_size(group), dist.get_rank(group)
+        sizes = split_sizes(total, n)
+        start = sum(sizes[:rank])
+        if first:
+            self.image = (start, sizes[rank], total)
+            self.totals = []
+        self.totals.append(total)
+        return start, sizes[rank]
+
+    def block_tokens(self, group) -> list[int]:
+        """Every rank's key/value block length (its share of each split tensor)."""
+        n = dist.get_world_size(group)
+        return [sum(split_sizes(total, n)[r] for total in self.totals) for r in range(n)]
 
 
 class _Split:
@@ -109,16 +134,12 @@ class _Split:
     (uneven splits allowed: the first ``tokens % n`` ranks hold one more). The first split
     of a plan is its image tokens: their slice is recorded in the state."""
 
-    def __init__(self, group, state: _PlanState | None = None):
-        self.group, self.state = group, state
+    def __init__(self, group, state: _PlanState, first: bool):
+        self.group, self.state, self.first = group, state, first
 
     def __call__(self, module, args, output):
-        n, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
-        sizes = split_sizes(output.shape[1], n)
-        start = sum(sizes[:rank])
-        if self.state is not None:
-            self.state.image = (start, sizes[rank], output.shape[1])
-        return output.narrow(1, start, sizes[rank]).contiguous()
+        start, size = self.state.record(output.shape[1], self.group, self.first)
+        return output.narrow(1, start, size).contiguous()
 
 
 class _RopeRows:
@@ -152,18 +173,20 @@ class _MaskRows:
 
 
 class _Gather:
-    """Gathers a module's (batch, local tokens, channels) output from every rank, in rank
-    order (padded to the longest shard for the all-gather, then trimmed)."""
+    """Gathers a module's (batch, local image tokens, channels) output from every rank, in
+    rank order (padded to the longest shard for the all-gather, then trimmed; the shard
+    lengths follow from the recorded split)."""
 
-    def __init__(self, group):
-        self.group = group
+    def __init__(self, group, state: _PlanState):
+        self.group, self.state = group, state
 
     def __call__(self, module, args, output):
         n = dist.get_world_size(self.group)
-        local = torch.tensor([output.shape[1]], device=output.device)
-        lengths = [torch.empty_like(local) for _ in range(n)]
-        dist.all_gather(lengths, local, group=self.group)
-        lengths = [int(x) for x in lengths]
+        lengths = split_sizes(self.state.image[2], n)
+        if output.shape[1] != lengths[dist.get_rank(self.group)]:
+            raise RuntimeError(f"sequence parallel: the gathered output holds "
+                               f"{output.shape[1]} tokens, the split gave this rank "
+                               f"{lengths[dist.get_rank(self.group)]}")
         longest = max(lengths)
         padded = torch.nn.functional.pad(output, (0, 0, 0, longest - output.shape[1]))
         parts = [torch.empty_like(padded) for _ in range(n)]
@@ -177,11 +200,16 @@ def split_sizes(tokens: int, ranks: int) -> list[int]:
     return [tokens // ranks + (1 if r < tokens % ranks else 0) for r in range(ranks)]
 
 
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+              "enable_gqa")
+
+
 class _RingSDPA(TorchFunctionMode):
     """While one of the plan's attention modules runs, its
     ``F.scaled_dot_product_attention(q, k, v)`` on (batch, heads, tokens, head_dim) local
     shards becomes ring attention over the sequence group. With ``replicated_text`` the
-    keys are [this rank's image shard, the whole text] and only the image shards travel."""
+    keys are [this rank's image shard, the whole text] and only the image shards travel.
+    The queries may be any tokens (a rank's shard, or tokens every rank holds whole)."""
 
     def __init__(self, group, state: _PlanState, replicated_text: bool):
         super().__init__()
@@ -191,19 +219,21 @@ class _RingSDPA(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention or not self.state.active:
             return func(*args, **kwargs)
-        q, k, v = args[:3]
-        if kwargs.get("attn_mask") is not None or kwargs.get("is_causal") or \
-                kwargs.get("dropout_p"):
+        call = dict(zip(_SDPA_ARGS, args, strict=False)) | kwargs
+        q, k, v = call["query"], call["key"], call["value"]
+        if call.get("attn_mask") is not None or call.get("is_causal") or \
+                call.get("dropout_p"):
             raise ValueError("sequence parallel: a masked, causal or dropout attention "
                              "cannot be split by our ring plan")
         shared = k.shape[2] - self.state.image[1] if self.replicated_text else 0
-        n = dist.get_world_size(self.group)
-        local = torch.tensor([k.shape[2] - shared], device=k.device)
-        lengths = [torch.empty_like(local) for _ in range(n)]
-        dist.all_gather(lengths, local, group=self.group)
+        lengths = self.state.block_tokens(self.group)
+        if k.shape[2] - shared != lengths[dist.get_rank(self.group)]:
+            raise RuntimeError(f"sequence parallel: an attention's keys hold "
+                               f"{k.shape[2] - shared} split tokens, the plan gave this rank "
+                               f"{lengths[dist.get_rank(self.group)]}")
         out, _ = ring_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                group=self.group, scale=kwargs.get("scale"),
-                                block_tokens=[int(x) for x in lengths], shared_tokens=shared)
+                                group=self.group, scale=call.get("scale"),
+                                block_tokens=lengths, shared_tokens=shared)
         return out.transpose(1, 2)
 
 
@@ -235,6 +265,12 @@ class SdpaSequencePlan:
         rope_output: a module whose output is a rotary embedding over [image, text] tokens
             (dim 1), cut to this rank's image rows and every text row; the blocks'
             ``hidden_states_masks`` are cut alike.
+        attention_modules: the attention modules (names within each block) that attend
+            across ranks; empty: every module with a ``processor``. The others see only
+            tokens this rank holds whole or its own shard's (local attention).
+        split_inputs: splits the denoiser's forward keyword arguments in place instead of
+            module outputs: ``split_inputs(transformer, kwargs, state, group)``, recording
+            the split in ``state`` (see :func:`split_ltx2_video_inputs`).
     """
 
     split_outputs: tuple[str, ...]
@@ -242,6 +278,68 @@ class SdpaSequencePlan:
     attention_blocks: tuple[str, ...]
     replicated_text: bool = False
     rope_output: str | None = None
+    attention_modules: tuple[str, ...] = ()
+    split_inputs: Callable[[torch.nn.Module, dict, _PlanState, object], None] | None = None
+
+
+def split_ltx2_video_inputs(transformer: torch.nn.Module, kwargs: dict, state: _PlanState,
+                            group) -> None:
+    """LTX-2's forward arguments cut to this rank's share of the video tokens.
+
+    The video latents ``hidden_states`` (batch, video tokens, channels) are split along the
+    tokens; so are the rows that follow them: ``video_coords`` (batch, 3, video tokens, 2),
+    computed here from ``num_frames``/``height``/``width``/``fps`` when the caller passed
+    none (both rotary embeddings of the video, self- and cross-modal, are built from it), a
+    per-token ``timestep`` or ``sigma`` (batch, video tokens) (image-to-video conditions the
+    first frame at timestep 0), and ``video_keyframes_mask``. The audio latents, the text
+    and the audio's own timestep stay whole on every rank (the audio timestep defaults to
+    the unsplit video one, as in the model).
+
+    Raises:
+        ParallelConfigError: a ``video_self_attention_mask`` (a (video, video) mask our ring
+            cannot split).
+    """
+    from studio.engine.parallel.config import ParallelConfigError
+
+    hidden = kwargs["hidden_states"]
+    total = hidden.shape[1]
+    start, size = state.record(total, group, first=True)
+    if kwargs.get("video_self_attention_mask") is not None:
+        raise ParallelConfigError("sequence parallel: LTX-2's video self-attention mask "
+                                  "cannot be split by our ring plan; use CFG parallelism")
+    coords = kwargs.get("video_coords")
+    if coords is None:
+        coords = transformer.rope.prepare_video_coords(
+            hidden.shape[0], kwargs["num_frames"], kwargs["height"], kwargs["width"],
+            hidden.device, fps=kwargs.get("fps", 24.0))
+    kwargs["video_coords"] = coords.narrow(2, start, size)
+    for name, audio_name in (("timestep", "audio_timestep"), ("sigma", "audio_sigma")):
+        value = kwargs.get(name)
+        if torch.is_tensor(value) and value.dim() >= 2 and value.shape[1] == total:
+            if kwargs.get(audio_name) is None:
+                kwargs[audio_name] = value
+            kwargs[name] = value.narrow(1, start, size)
+    marks = kwargs.get("video_keyframes_mask")
+    if torch.is_tensor(marks) and marks.dim() >= 2 and marks.shape[1] == total:
+        kwargs["video_keyframes_mask"] = marks.narrow(1, start, size)
+    kwargs["hidden_states"] = hidden.narrow(1, start, size)
+
+
+class _SplitInputs:
+    """A denoiser forward pre-hook running a plan's ``split_inputs`` on its arguments
+    (positional ones bound to their names first)."""
+
+    def __init__(self, split, state: _PlanState, group):
+        self.split, self.state, self.group = split, state, group
+
+    def __call__(self, module, args, kwargs):
+        if args:
+            import inspect
+
+            bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
+            args, kwargs = (), dict(bound.arguments)
+        self.split(module, kwargs, self.state, self.group)
+        return args, kwargs
 
 
 SDPA_PLANS = {
@@ -257,6 +355,16 @@ SDPA_PLANS = {
     "HiDreamImageTransformer2DModel": SdpaSequencePlan(
         ("x_embedder",), "final_layer", ("double_stream_blocks", "single_stream_blocks"),
         replicated_text=True, rope_output="pe_embedder"),
+    # LTX-2 (audio-video): the video tokens are split (with their coordinates, from which
+    # both video rotary embeddings are built, and any per-token timestep); the audio and
+    # the text stay whole on every rank, where they are few (the audio stream is computed
+    # alike on every rank). Two attentions cross ranks: the video self-attention (a shard's
+    # queries to every video key) and video-to-audio (the whole audio's queries to every
+    # video key); the text and audio-to-video attentions have all their keys locally.
+    "LTX2VideoTransformer3DModel": SdpaSequencePlan(
+        (), "proj_out", ("transformer_blocks",),
+        attention_modules=("attn1", "video_to_audio_attn"),
+        split_inputs=split_ltx2_video_inputs),
 }
 
 
@@ -266,14 +374,17 @@ def apply_sdpa_sequence_plan(transformer: torch.nn.Module, plan: SdpaSequencePla
     counts: text lengths rarely divide evenly)."""
     modules = dict(transformer.named_modules())
     state = _PlanState()
+    if plan.split_inputs is not None:
+        transformer.register_forward_pre_hook(_SplitInputs(plan.split_inputs, state, group),
+                                              with_kwargs=True)
     for index, name in enumerate(plan.split_outputs):
-        modules[name].register_forward_hook(_Split(group, state if index == 0 else None))
+        modules[name].register_forward_hook(_Split(group, state, first=index == 0))
     if plan.rope_output is not None:
         modules[plan.rope_output].register_forward_hook(_RopeRows(state))
         for blocks in plan.attention_blocks:
             for block in modules[blocks]:
                 block.register_forward_pre_hook(_MaskRows(state), with_kwargs=True)
-    modules[plan.gather_output].register_forward_hook(_Gather(group))
+    modules[plan.gather_output].register_forward_hook(_Gather(group, state))
 
     def enter(module, args):
         state.active += 1
@@ -282,8 +393,13 @@ def apply_sdpa_sequence_plan(transformer: torch.nn.Module, plan: SdpaSequencePla
         state.active -= 1
 
     for blocks in plan.attention_blocks:
-        for module in modules[blocks].modules():
-            if getattr(module, "processor", None) is not None:
+        for block in modules[blocks]:
+            if plan.attention_modules:
+                chosen = [block.get_submodule(name) for name in plan.attention_modules]
+            else:
+                chosen = [m for m in block.modules()
+                          if getattr(m, "processor", None) is not None]
+            for module in chosen:
                 module.register_forward_pre_hook(enter)
                 module.register_forward_hook(leave)
     HookRegistry.check_if_exists_or_initialize(transformer).register_hook(

@@ -1,6 +1,7 @@
 """Sequence parallelism through diffusers' context-parallel plans (Ulysses and ring) for the
-models that have one (Flux, Flux2, Wan, LTX, LTX-2, Qwen-Image), Ulysses and ring
-(ring on our own attention: :mod:`studio.engine.parallel.ring`).
+models that have one (Flux, Flux2, Wan, LTX, Qwen-Image), Ulysses and ring (ring on our
+own attention: :mod:`studio.engine.parallel.ring`); ring plans of our own for SD3, HiDream
+and LTX-2 (:mod:`studio.engine.parallel.plans`).
 
 diffusers picks each rank's device as ``rank % torch.accelerator.device_count()``, which is
 a division by zero on a CPU-only machine. :func:`apply_sequence_parallel` scopes a patch of
@@ -63,9 +64,9 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
     if name in NOT_YET:
         raise ParallelConfigError(f"sequence parallel: not available for {name} yet: "
                                   f"{NOT_YET[name]}; use CFG parallelism for it")
-    plan = plan_for(transformer)
-    own = SDPA_PLANS.get(name)
-    if plan is None and own is not None:
+    own = SDPA_PLANS.get(name)  # ours first: it replaces a diffusers plan that breaks
+    plan = None if own is not None else plan_for(transformer)
+    if own is not None:
         if config.ulysses_degree > 1:
             raise ParallelConfigError(
                 f"ulysses_degree: {type(transformer).__name__} splits its sequence with ring "
