@@ -108,8 +108,10 @@ def models(device: torch.device, smoke: bool):
 
 def degree_one_rank_group(device: torch.device):
     """What a rank-group worker adds to each step when its plan has degree 1: a 1-rank
-    process group (NCCL/gloo) with the (cfg, ring, ulysses) mesh, and per step the 4-byte
-    all-reduce of the cancel flag and its host sync. Returns that per-step call."""
+    process group (NCCL/gloo) with the (cfg, ring, ulysses) mesh, and per step the cancel
+    check. With one rank the worker reads its cancel flag without a collective (there is no
+    one to agree with); the 4-byte all-reduce and host sync it does with 2+ ranks are timed
+    too (``per_step(collective=True)``). Returns that per-step call."""
     import os
 
     import torch.distributed as dist
@@ -126,7 +128,10 @@ def degree_one_rank_group(device: torch.device):
         ParallelMesh.build(ParallelConfig())
     flag = torch.zeros(1, dtype=torch.int32, device=device)
 
-    def per_step() -> None:
+    def per_step(collective: bool = False) -> None:
+        if not collective:
+            flag.fill_(0)  # the shared-memory flag read, as the 1-rank worker does
+            return
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         flag.item()
 
@@ -191,6 +196,16 @@ def main(argv: list[str] | None = None) -> int:
                              cosine=cosine(out, stock),
                              note="overhead " + f"{(seconds / base_s - 1) * 100:+.1f}%"))
             log(f"{name}: degree-1 rank group {seconds * 1e3:.1f} ms")
+
+            def fwd_agreeing(fwd=fwd, per_step=per_step):
+                per_step(collective=True)
+                return fwd()
+
+            seconds = cuda_time(fwd_agreeing, device)
+            rows.append(dict(model=name, lever="per-step cancel all-reduce (2+ ranks)",
+                             ms=seconds * 1e3, speedup=base_s / seconds, cosine=1.0,
+                             note="overhead " + f"{(seconds / base_s - 1) * 100:+.1f}%"))
+            log(f"{name}: with the cancel all-reduce {seconds * 1e3:.1f} ms")
         from studio.engine.precision import apply_precision, precision_supported
 
         precision = ("fp8-dynamic" if precision_supported("fp8-dynamic", device) is None

@@ -78,6 +78,8 @@ def _rank_main(rank, world, port, backend, timeout_s, config, parallel, jobs, ev
     flag = torch.zeros(1, dtype=torch.int32, device=device)
 
     def is_cancelled() -> bool:
+        if world == 1:  # nobody to agree with: no collective, no host sync per step
+            return cancel.is_set()
         # every rank asks at the same points (job start, each step): agree on the answer
         flag.fill_(1 if cancel.is_set() else 0)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
