@@ -264,6 +264,13 @@ class FamilyRunner:
         levers = levers_for(request.optimization.profile, self.device, self.entry.tuning)
         return apply_levers(self.denoisers(), levers)
 
+    def result(self, frames, timings: dict[str, float], clock: StageClock,
+               notes: list[str]) -> RunOutput:
+        """The run's result: ``frames`` as float32 (F, H, W, 3) in [0, 1], the timings with
+        the clock's stages (seconds), and the notes followed by what the levers did."""
+        return RunOutput(np.asarray(frames, dtype=np.float32), {**timings, **clock.finish()},
+                         notes + self.profile_notes())
+
     def profile_notes(self) -> list[str]:
         """After a run: what the levers did (denoiser calls computed in full / skipped)."""
         from studio.engine.profiles import attention_stats, cache_stats

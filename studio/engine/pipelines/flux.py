@@ -120,5 +120,4 @@ class FluxRunner(FamilyRunner):
         images = self.decode_with_retry(lambda: self.decode(pipe, latents, h, w), notes)
         if request.negative_prompt:
             notes.append("FLUX.1 ignores the negative prompt")
-        return RunOutput(np.asarray(images, dtype=np.float32), {**timings, **clock.finish()},
-                         notes + self.profile_notes())
+        return self.result(images, timings, clock, notes)

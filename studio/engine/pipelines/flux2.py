@@ -85,7 +85,7 @@ class Flux2Runner(FamilyRunner):
         if request.negative_prompt:
             notes.append("FLUX.2 is guidance-distilled: the negative prompt has no effect")
         images = np.asarray(pipe(**kwargs).images, dtype=np.float32)
-        return RunOutput(images, {**timings, **clock.finish()}, notes + self.profile_notes())
+        return self.result(images, timings, clock, notes)
 
     def stage_inputs(self, request: GenerationRequest) -> dict:
         base, dev = self.base, self.device

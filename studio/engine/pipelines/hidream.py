@@ -76,7 +76,7 @@ class HiDreamRunner(FamilyRunner):
                       callback_on_step_end_tensor_inputs=["latents"])
         notes = self.apply_profile(request) + notes
         images = np.asarray(pipe(**kwargs).images, dtype=np.float32)
-        return RunOutput(images, {**timings, **clock.finish()}, notes + self.profile_notes())
+        return self.result(images, timings, clock, notes)
 
     def stage_inputs(self, request: GenerationRequest) -> dict:
         base, dev = self.base, self.device

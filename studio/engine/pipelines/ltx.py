@@ -99,8 +99,7 @@ class LTXRunner(FamilyRunner):
                                                request.width, request.height))
         notes = self.apply_profile(request) + notes
         frames_out = np.asarray(pipe(**kwargs).frames[0], dtype=np.float32)
-        return RunOutput(frames_out, {**timings, **clock.finish()},
-                         notes + self.profile_notes())
+        return self.result(frames_out, timings, clock, notes)
 
     def stage_inputs(self, request: GenerationRequest) -> dict:
         base, dev = self.base, self.device

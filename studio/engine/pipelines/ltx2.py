@@ -110,8 +110,7 @@ class LTX2Runner(LTXRunner):
                                                request.width, request.height))
         notes = self.apply_profile(request) + notes
         frames_out = np.asarray(pipe(**kwargs).frames[0], dtype=np.float32)
-        return RunOutput(frames_out, {**timings, **clock.finish()},
-                         notes + self.profile_notes())
+        return self.result(frames_out, timings, clock, notes)
 
     def stage_inputs(self, request: GenerationRequest) -> dict:
         """Per stage, the modules and one call with the request's shapes: ``text_encode``

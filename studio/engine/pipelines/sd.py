@@ -131,7 +131,7 @@ class StableDiffusionRunner(FamilyRunner):
         if mask is not None:
             keep = (mask < 128)[None, :, :, None]
             images = np.where(keep, init[None].astype(np.float32) / 255.0, images)
-        return RunOutput(images, {**timings, **clock.finish()}, notes + self.profile_notes())
+        return self.result(images, timings, clock, notes)
 
     def stage_inputs(self, request: GenerationRequest) -> dict:
         base, dev = self.base, self.device

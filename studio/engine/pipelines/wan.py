@@ -189,7 +189,7 @@ class WanRunner(FamilyRunner):
             init = fit_image(inputs[request.init_image.content_id], request.width,
                              request.height).astype(np.float32) / 255.0
             frames = np.where(keep, init[None], frames)
-        return RunOutput(frames, {**timings, **clock.finish()}, notes + self.profile_notes())
+        return self.result(frames, timings, clock, notes)
 
 
     @torch.no_grad()
@@ -314,4 +314,4 @@ class WanVaceRunner(WanRunner):
             kwargs["mask"] = [Image.new("L", size, 0)] + [Image.new("L", size, 255)] * (frames - 1)
         notes = self.apply_profile(request) + notes
         out = np.asarray(pipe(**kwargs).frames[0], dtype=np.float32)
-        return RunOutput(out, {**timings, **clock.finish()}, notes + self.profile_notes())
+        return self.result(out, timings, clock, notes)
