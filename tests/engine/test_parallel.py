@@ -444,17 +444,26 @@ def test_wan_vace_reference_to_video_under_our_own_plan(ranks, tmp_path_factory,
         assert sent["send" if scheme == "ring" else "all_to_all_single"] > 0
 
 
-def test_sd3_ring_under_our_own_plan_with_an_uneven_split(ranks, tmp_path_factory):
-    """SD3 calls SDPA itself and its text tokens do not divide evenly: our plan splits its
-    token embeddings unevenly and rings its joint attention. The single-process image, with
-    and without the cache; Ulysses is refused with the reason."""
-    from studio.testing.tiny_pipelines import build_tiny_sd
+@pytest.mark.parametrize("family", ["sd3", "hidream"])
+def test_sd3_and_hidream_ring_under_our_own_plans(ranks, tmp_path_factory, family):
+    """Our plans for denoisers that call SDPA themselves. SD3's text tokens do not divide
+    evenly: its token embeddings are split unevenly and its joint attention rings padded,
+    masked blocks. HiDream joins fresh text states into every block: the text stays whole on
+    every rank and only the image shards ring; at a non-square size HiDream pads the image
+    tokens to a fixed count and masks the padding, and the masks are cut with the shards.
+    The single-process image, with and without the cache; Ulysses is refused with the
+    reason."""
+    from studio.testing import tiny_pipelines as tiny
 
-    folder = build_tiny_sd(tmp_path_factory.mktemp("sd3-par") / "sd3", variant="sd3")
-    requests = [embedded_request(model=str(folder), mode="t2i", num_frames=1, width=64,
-                                 height=64),
-                embedded_request(model=str(folder), mode="t2i", num_frames=1, width=64,
-                                 height=64, profile="fast", steps=12)]
+    if family == "sd3":
+        folder = tiny.build_tiny_sd(tmp_path_factory.mktemp(family) / family, variant="sd3")
+        size = dict(width=64, height=64)
+    else:
+        folder = tiny.build_tiny_hidream(tmp_path_factory.mktemp(family) / family)
+        size = dict(width=80, height=48)
+    requests = [embedded_request(model=str(folder), mode="t2i", num_frames=1, **size),
+                embedded_request(model=str(folder), mode="t2i", num_frames=1, profile="fast",
+                                 steps=12, **size)]
     want = embedded_reference(requests)
     assert " 0 forecast" not in want[1][2][0]
     results = ranks.run(plan_rank, {"ring_degree": 2}, requests)
@@ -463,26 +472,6 @@ def test_sd3_ring_under_our_own_plan_with_an_uneven_split(ranks, tmp_path_factor
         assert runs[0][3]["send"] > 0
     with pytest.raises(RuntimeError, match="splits its sequence with ring attention only"):
         ranks.run(plan_rank, {"ulysses_degree": 2}, requests[:1])
-
-
-def test_hidream_ring_under_our_own_plan_with_text_on_every_rank(ranks, tmp_path_factory):
-    """HiDream joins fresh text states into every block: our plan keeps the text whole on
-    every rank and rings the image shards; at a non-square size HiDream pads the image tokens
-    to a fixed count and masks the padding, and the masks are cut with the shards. The
-    single-process image, with and without the cache."""
-    from studio.testing.tiny_pipelines import build_tiny_hidream
-
-    folder = build_tiny_hidream(tmp_path_factory.mktemp("hidream-par") / "hidream")
-    requests = [embedded_request(model=str(folder), mode="t2i", num_frames=1, width=80,
-                                 height=48),
-                embedded_request(model=str(folder), mode="t2i", num_frames=1, width=80,
-                                 height=48, profile="fast", steps=12)]
-    want = embedded_reference(requests)
-    assert " 0 forecast" not in want[1][2][0]
-    results = ranks.run(plan_rank, {"ring_degree": 2}, requests)
-    check_plan_results(results, want, "ring 2 (2 ranks)")
-    for _, runs in results:
-        assert runs[0][3]["send"] > 0
 
 
 @pytest.mark.parametrize("family", ["flux2", "qwen-image"])
