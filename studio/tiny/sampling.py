@@ -53,8 +53,10 @@ def adherence_report(pipe, *, n: int = 32, steps: int = 20, seed: int = 0,
     return out
 
 
-def export_pipeline(task, dest: Path) -> Path:
-    """Saves the EMA weights as a diffusers folder (fp16 safetensors) plus ``studio.json``."""
+def export_pipeline(task, dest: Path, step: int | None = None,
+                    total_steps: int | None = None) -> Path:
+    """Saves the EMA weights as a diffusers folder (fp16 safetensors) plus ``studio.json``
+    (whose description names the training step, when given), replacing ``dest`` whole."""
     pipe = task.pipeline(ema=True)
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -63,9 +65,14 @@ def export_pipeline(task, dest: Path) -> Path:
     pipe.save_pretrained(tmp, safe_serialization=True)
     from studio.tiny.train import CLIP_FRAMES, SIZE, TEXT_LEN
 
+    trained = "" if step is None else (
+        f" Weights of training step {step}" + (f" of {total_steps}" if total_steps else "")
+        + "; adherence per attribute in training/tiny/dit/eval_log.jsonl.")
     (tmp / "studio.json").write_text(json.dumps({
         "description": "The embedded model: a tiny Wan-architecture model trained on the "
-                       "synthetic world of studio/tiny/world.py (python -m studio.tiny.train).",
+                       "synthetic world of studio/tiny/world.py (python -m studio.tiny.train)."
+                       + trained,
+        "training_step": step,
         "capabilities": {"default_width": SIZE, "default_height": SIZE,
                          "default_frames": CLIP_FRAMES, "default_fps": 8.0,
                          "default_steps": 20, "default_guidance": 4.0, "max_size": 128,

@@ -456,10 +456,14 @@ def main(argv: list[str] | None = None) -> int:
                       on_log=lambda line: print(f"[dit] {line}", file=sys.stderr, flush=True))
         print(json.dumps({"step": state["step"]}))
         return 0
-    load_checkpoint(out / "dit", task)
+    state = load_checkpoint(out / "dit", task)
+    if state is None:
+        print(f"error: no denoiser checkpoint under {out / 'dit'}", file=sys.stderr)
+        return 2
     from studio.tiny.sampling import export_pipeline
 
-    print(export_pipeline(task, Path(args.dest)))
+    print(export_pipeline(task, Path(args.dest), step=state["step"],
+                          total_steps=args.total_steps or 30000))
     return 0
 
 

@@ -29,7 +29,9 @@ def test_config_validation_names_the_rule():
         (ParallelConfig(cfg_degree=3), {}, "cfg_degree: 3 must be 1 or 2"),
         (ParallelConfig(cfg_degree=2), {"uses_cfg": False}, "needs a job with classifier"),
         (ParallelConfig(ulysses_degree=2, replicas=3), {}, "= 6 ranks, but only 4 device"),
-        (ParallelConfig(ulysses_degree=4), {"heads": 6}, "does not divide the model's 6"),
+        (ParallelConfig(ulysses_degree=2, ring_degree=2), {"heads": 3},
+         "does not divide the model's 3 attention heads .uneven heads are padded under "
+         "Ulysses alone"),
         (ParallelConfig(ring_degree=4), {"sequence_length": 30}, "sequence of 30 tokens"),
         (ParallelConfig(ulysses_degree=True), {}, "ulysses_degree: True must be an integer"),
         (ParallelConfig(ring_degree=2), {"heads": 0}, "heads: 0 must be an integer >= 1"),
@@ -38,6 +40,7 @@ def test_config_validation_names_the_rule():
     for config, kwargs, message in cases:
         with pytest.raises(ParallelConfigError, match=message):
             config.validate(devices=4, **kwargs)
+    ParallelConfig(ulysses_degree=4).validate(devices=4, heads=6)  # padded to 8 heads
     ParallelConfig().validate(devices=0)  # one device: nothing to split, always fine
     with pytest.raises(ParallelConfigError, match="devices: -1 must be an integer >= 0"):
         ParallelConfig().validate(devices=-1)

@@ -94,7 +94,7 @@ def _refused_rank(rank, world):
     from studio.engine.parallel.mesh import ParallelMesh
     from studio.engine.parallel.worker import apply_parallel_plan
 
-    config = ParallelConfig(ulysses_degree=4)
+    config = ParallelConfig(ulysses_degree=2, ring_degree=2)
     mesh = ParallelMesh.build(config)
     executor = JobExecutor(ModelRegistry(include_hf_cache=False), torch.device("cpu"))
     executor.on_runner_loaded = lambda runner: apply_parallel_plan(runner, config, mesh)
@@ -105,5 +105,6 @@ def _refused_rank(rank, world):
 def test_a_plan_the_model_cannot_take_fails_the_job_clearly(ranks):
     for kind, message in ranks.run(_refused_rank):
         assert kind == "bad_input"
-        assert message == ("multi-GPU plan: ulysses_degree: 4 does not divide the model's 2 "
-                           "attention heads")
+        assert message == ("multi-GPU plan: ulysses_degree: 2 does not divide the model's 3 "
+                           "attention heads (uneven heads are padded under Ulysses alone, "
+                           "not combined with ring)")

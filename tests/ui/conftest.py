@@ -146,8 +146,8 @@ def fill_prompt(window, prompt: str, seed: int = 7) -> None:
 def slow_video_settings(window) -> None:
     """Settings for a job that runs long enough to be cancelled or killed mid-way."""
     window.params.set_mode("t2v")
-    window.params.set_size(256, 256)
-    window.params.frames_spin.setValue(33)
+    window.params.set_size(128, 128)
+    window.params.frames_spin.setValue(17)
     window.params.steps_spin.setValue(200)
 
 

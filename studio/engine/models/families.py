@@ -70,11 +70,16 @@ def _wan_caps(folder: Path, index: dict, name: str, extra: dict) -> ModelCapabil
         raise ModelError(f"Wan transformer with {in_ch} input channels and a VAE with "
                          f"{z_dim} latent channels is not a layout this studio runs")
     big = int(tr.get("num_layers", 1)) >= 20
+    multiple = spatial * int(patch[1])
+    if cls == "WanImageToVideoPipeline":
+        # its check_inputs wants sides divisible by 16 whatever the VAE and patch (a VAE
+        # with 4x downsampling and patch 2 would otherwise allow multiples of 8)
+        multiple = math.lcm(multiple, 16)
     return ModelCapabilities(
         name=name, family="wan-vace" if cls == "WanVACEPipeline" else "wan",
         modes=frozenset(modes),
-        spatial_multiple=spatial * int(patch[1]), frame_multiple=temporal,
-        min_size=spatial * int(patch[1]), max_size=1920 if big else 512,
+        spatial_multiple=multiple, frame_multiple=temporal,
+        min_size=multiple, max_size=1920 if big else 512,
         max_pixels=1280 * 720 if big else 512 * 512, max_frames=161 if big else 81,
         default_width=832 if big else 64, default_height=480 if big else 64,
         default_frames=81 if big else 9, default_fps=16.0, default_steps=50 if big else 20,

@@ -1,8 +1,9 @@
 """``ParallelConfig``: how one job is split over ranks, validated before anything starts.
 
 ranks = ulysses_degree × ring_degree × cfg_degree × replicas. Ulysses (DeepSpeed-Ulysses,
-Jacobs et al. 2023) splits the attention heads after an all-to-all, so the heads must divide
-by its degree; ring attention (Liu et al., "Ring Attention", 2023) splits the sequence and
+Jacobs et al. 2023) splits the attention heads after an all-to-all: heads that do not divide
+by its degree are padded with empty ones (diffusers' "Ulysses anything"), which only works
+for Ulysses alone, not combined with ring; ring attention (Liu et al., "Ring Attention", 2023) splits the sequence and
 passes key/value blocks around the ring; CFG parallel puts the conditional and unconditional
 branches on different ranks (as xDiT does); replicas run independent jobs.
 """
@@ -49,7 +50,8 @@ class ParallelConfig:
 
         Args:
             devices: GPUs available (or CPU ranks allowed).
-            heads: the model's attention heads (Ulysses splits them).
+            heads: the model's attention heads (Ulysses splits them; uneven heads are
+                padded, under Ulysses alone).
             sequence_length: tokens of the job's latent sequence (sequence parallel splits
                 them; they must divide evenly, padding is not supported).
             uses_cfg: whether the job runs classifier-free guidance (two branches).
@@ -77,9 +79,10 @@ class ParallelConfig:
                 f"ulysses_degree × ring_degree × cfg_degree × replicas = {self.world_size} "
                 f"ranks, but only {devices} device(s) are available (at most {devices} ranks "
                 f"here)")
-        if heads is not None and heads % self.ulysses_degree:
+        if heads is not None and heads % self.ulysses_degree and self.ring_degree > 1:
             raise ParallelConfigError(f"ulysses_degree: {self.ulysses_degree} does not divide "
-                                      f"the model's {heads} attention heads")
+                                      f"the model's {heads} attention heads (uneven heads are "
+                                      f"padded under Ulysses alone, not combined with ring)")
         if sequence_length is not None and sequence_length % self.sequence_degree:
             raise ParallelConfigError(
                 f"ulysses_degree × ring_degree = {self.sequence_degree} does not divide the "
@@ -102,7 +105,8 @@ def available_plans(gpus: int) -> list[tuple[str, ParallelConfig]]:
     """The plans a machine with ``gpus`` GPUs can run, as (label, config), single device
     first. For each group size n in 2, 4, 8 (≤ gpus): CFG 2 (n = 2), Ulysses n, ring n,
     and CFG 2 × Ulysses n/2 and × ring n/2 (n ≥ 4); with 8, Ulysses 4 × ring 2 as well.
-    Whether a model takes a plan (heads divisible by the Ulysses degree, a sequence that
+    Whether a model takes a plan (heads divisible by the Ulysses degree when combined with
+    ring, a sequence that
     splits evenly, guidance on for CFG) is checked when a job runs, with a clear error.
     """
     plans = [ParallelConfig()]

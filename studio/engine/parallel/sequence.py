@@ -45,7 +45,8 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
 
     Raises:
         ParallelConfigError: the model has no context-parallel plan, or its heads do not
-            divide by the Ulysses degree.
+            divide by the Ulysses degree while ring attention is combined with it (under
+            Ulysses alone uneven heads are padded: diffusers' ``ulysses_anything``).
     """
     import torch.distributed as dist
     from diffusers import ContextParallelConfig
@@ -82,11 +83,17 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
                                   f"its attention does not go through diffusers' "
                                   f"dispatcher); use CFG parallelism for it")
     heads = getattr(transformer.config, "num_attention_heads", None)
-    if heads is not None and heads % config.ulysses_degree:
+    # heads that do not divide by the Ulysses degree: diffusers' "Ulysses anything" pads
+    # them with empty heads for the all-to-all (Ulysses alone only)
+    uneven_heads = heads is not None and config.ulysses_degree > 1 and \
+        heads % config.ulysses_degree != 0
+    if uneven_heads and config.ring_degree > 1:
         raise ParallelConfigError(f"ulysses_degree: {config.ulysses_degree} does not divide "
-                                  f"the model's {heads} attention heads")
+                                  f"the model's {heads} attention heads (uneven heads are "
+                                  f"padded under Ulysses alone, not combined with ring)")
     cp = ContextParallelConfig(ulysses_degree=config.ulysses_degree or None,
                                ring_degree=config.ring_degree or None,
+                               ulysses_anything=uneven_heads,
                                mesh=mesh.sequence_mesh if mesh is not None else None)
     if config.ring_degree > 1 or name in OUR_ULYSSES_ATTENTION:
         from studio.engine.parallel.ring import install_ring_backend
