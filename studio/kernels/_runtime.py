@@ -137,8 +137,9 @@ def attention_fallback_reason(kernel_module: ModuleType | None, kernel_fn_name: 
 
 def attention_outputs(q: torch.Tensor, out: torch.Tensor | None,
                       lse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The output (like q) and log-sum-exp ((batch, heads, seq_q) float32, contiguous)
-    buffers of an attention op: allocated when None, checked when given.
+    """The output (like q) and log-sum-exp ((batch, heads, seq_q) float32, contiguous;
+    float64 for float64 q, which only the torch references run) buffers of an attention op:
+    allocated when None, checked when given.
 
     Raises:
         ValueError: a given buffer of the wrong shape, dtype or device, or a strided lse.
@@ -148,10 +149,11 @@ def attention_outputs(q: torch.Tensor, out: torch.Tensor | None,
         out = torch.empty_like(q)  # keeps q's layout, e.g. (batch, seq, heads, dim) in memory
     else:
         check_out("out", out, tuple(q.shape), q.dtype, q.device)
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     if lse is None:
-        lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
+        lse = torch.empty((batch, heads, seq_q), dtype=lse_dtype, device=q.device)
     else:
-        check_out("lse", lse, (batch, heads, seq_q), torch.float32, q.device)
+        check_out("lse", lse, (batch, heads, seq_q), lse_dtype, q.device)
         if not lse.is_contiguous():
             raise ValueError("lse must be contiguous")
     return out, lse

@@ -36,7 +36,8 @@ BACKEND = "_native_flash"
 
 
 def _merge(out, lse, block_out, block_lse):
-    """Online-softmax merge of two partial attentions (float32 out, lse)."""
+    """Online-softmax merge of two partial attentions (out, lse in float32, or float64 for
+    float64 inputs)."""
     if out is None:
         return block_out, block_lse
     new_lse = torch.logaddexp(lse, block_lse)
@@ -60,11 +61,12 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: t
     import math
 
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    scores = torch.matmul(q.to(work), k.to(work).transpose(-1, -2)) * scale
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     weights = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
-    return torch.matmul(weights, v.float()).to(q.dtype), lse
+    return torch.matmul(weights, v.to(work)).to(q.dtype), lse
 
 
 def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, group,
@@ -139,7 +141,8 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
             block_out, block_lse = masked_attention(q, block_k, block_v, mask, scale)
         else:
             block_out, block_lse = attention(q, block_k, block_v, kv_lengths=valid, scale=scale)
-        out, lse = _merge(out, lse, block_out.float(), block_lse)
+        work = torch.float64 if query.dtype == torch.float64 else torch.float32
+        out, lse = _merge(out, lse, block_out.to(work), block_lse)
         if pending is not None:
             for request in pending:
                 request.wait()

@@ -20,7 +20,8 @@ def key_mask(kv_lengths: torch.Tensor | None, batch: int, seq_k: int,
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         kv_lengths: torch.Tensor | None = None,
                         scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q kᵀ · scale, masked to the first kv_lengths[b] keys) v, computed in float32.
+    """softmax(q kᵀ · scale, masked to the first kv_lengths[b] keys) v, computed in float32
+    (float64 for float64 inputs).
 
     Args:
         q: (batch, heads, seq_q, head_dim). k, v: (batch, heads, seq_k, head_dim).
@@ -30,16 +31,18 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     Returns:
         out (batch, heads, seq_q, head_dim) in q's dtype, and the log-sum-exp of the scaled,
-        masked scores (batch, heads, seq_q) float32 (natural log).
+        masked scores (batch, heads, seq_q) float32 (float64 for float64 inputs; natural
+        log).
     """
     batch, _, _, head_dim = q.shape
     seq_k = k.shape[2]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # (b, h, sq, sk)
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    s = torch.matmul(q.to(work), k.to(work).transpose(-1, -2)) * scale  # (b, h, sq, sk)
     mask = key_mask(kv_lengths, batch, seq_k, q.device)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)  # -inf where a row has no valid key
     p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
-    out = torch.matmul(p, v.float())
+    out = torch.matmul(p, v.to(work))
     return out.to(q.dtype), lse
