@@ -3,7 +3,8 @@
 import importlib
 import sys
 
-BENCHMARKS = {"cpu": "bench.cpu", "precision": "bench.precision", "preview": "bench.preview", "gpu-kernels": "bench.gpu.kernels",
+BENCHMARKS = {"cpu": "bench.cpu", "calibrate": "bench.calibrate", "precision": "bench.precision",
+              "preview": "bench.preview", "gpu-kernels": "bench.gpu.kernels",
               "ui-stalls": "bench.ui_stalls", "scaling": "bench.scaling"}
 
 

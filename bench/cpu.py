@@ -148,6 +148,7 @@ class Case:
     steps: int
     eval_mode: str | None = None  # adherence mode on the embedded model
     denoiser_calls_per_step: int = 2
+    tuning: dict | None = None  # the model's studio.json levers (calibrated settings)
 
     @property
     def guided(self) -> bool:
@@ -192,10 +193,10 @@ def build_cases(tmp: Path, only: set[str] | None) -> list[Case]:
         guidance = float(studio.get("capabilities", {}).get("default_guidance", 5.0))
         if not only or "embedded-t2i" in only:
             cases.append(Case("embedded-t2i", pipe, _wan_call(1, 64, guidance, text_len),
-                              prompts, 20, "t2i"))
+                              prompts, 20, "t2i", tuning=studio))
         if not only or "embedded-t2v" in only:
             cases.append(Case("embedded-t2v", pipe, _wan_call(9, 64, guidance, text_len),
-                              prompts[:1], 20, "t2v"))
+                              prompts[:1], 20, "t2v", tuning=studio))
     if not only or "tiny-wan" in only:
         folder = build_tiny_wan(tmp / "wan", variant="t2v", num_layers=4, head_dim=32)
         pipe = WanPipeline.from_pretrained(folder, local_files_only=True)
@@ -224,24 +225,41 @@ class Method:
     info: dict = field(default_factory=dict)
 
 
-def ours(profile: str, config=None) -> Method:
+def ours(profile: str, config=None, tuning: dict | None = None) -> Method:
+    """The profile's levers as the engine sets them for a model with ``tuning`` (its
+    studio.json: calibrated step cache settings, guidance reuse), or the step cache at
+    ``config``."""
     from studio.engine.caching import apply_step_cache, remove_step_cache
+    from studio.engine.caching.cfg_reuse import apply_cfg_reuse, remove_cfg_reuse
     from studio.engine.profiles import levers_for
 
-    cfg = config or levers_for(profile).step_cache
-    return Method(f"ours/{profile}", "ours", f"threshold {cfg.threshold:g}, order {cfg.order}",
-                  setup=lambda t: apply_step_cache(t, cfg),
-                  teardown=remove_step_cache)
+    levers = levers_for(profile, "cpu", tuning)
+    cfg = config or levers.step_cache
+    reuse = None if config is not None else levers.guidance_reuse
+
+    def setup(t):
+        apply_step_cache(t, cfg)
+        if reuse is not None:
+            apply_cfg_reuse(t, reuse)
+
+    def teardown(t):
+        remove_cfg_reuse(t)
+        remove_step_cache(t)
+
+    setting = f"threshold {cfg.threshold:g}, order {cfg.order}, ≤{cfg.max_consecutive_skips} skips"
+    if reuse is not None:
+        setting += f"; uncond every {reuse.interval} steps after {reuse.warmup_steps}"
+    return Method(f"ours/{profile}", "ours", setting, setup=setup, teardown=teardown)
 
 
-def ours_with_guidance_reuse(profile: str, reuse=None) -> Method:
+def ours_with_guidance_reuse(profile: str, reuse=None, tuning: dict | None = None) -> Method:
     """Our step cache of ``profile`` plus guidance reuse (the unconditional branch every
     other step after 3 warm-up steps, its difference to the conditional one forecast)."""
     from studio.engine.caching import apply_step_cache, remove_step_cache
     from studio.engine.caching.cfg_reuse import CfgReuseConfig, apply_cfg_reuse, remove_cfg_reuse
     from studio.engine.profiles import levers_for
 
-    cfg = levers_for(profile).step_cache
+    cfg = levers_for(profile, "cpu", tuning).step_cache
     reuse = reuse or CfgReuseConfig()
 
     def setup(t):
@@ -258,7 +276,7 @@ def ours_with_guidance_reuse(profile: str, reuse=None) -> Method:
                   setup=setup, teardown=teardown)
 
 
-def ours_with_token_reuse(profile: str, reuse=None) -> Method:
+def ours_with_token_reuse(profile: str, reuse=None, tuning: dict | None = None) -> Method:
     """Our step cache of ``profile`` plus token reuse on the full steps (each linear layer
     recomputes only the tokens whose input moved; issue 6's video redundancy lever)."""
     from studio.engine.caching import apply_step_cache, remove_step_cache
@@ -269,7 +287,7 @@ def ours_with_token_reuse(profile: str, reuse=None) -> Method:
     )
     from studio.engine.profiles import levers_for
 
-    cfg = levers_for(profile).step_cache
+    cfg = levers_for(profile, "cpu", tuning).step_cache
     reuse = reuse or TokenReuseConfig()
 
     def setup(t):
@@ -513,15 +531,15 @@ def run_case(case: Case, runs: int, adherence_n: int, peers: tuple[str, ...]) ->
             continue
         usable[peer] = (make, grid, continuous)
     for profile in PROFILES:
-        mine = runner.measure(ours(profile))
+        mine = runner.measure(ours(profile, tuning=case.tuning))
         mine["profile"] = profile
         rows.append(mine)
         if case.guided:  # the lever acts on separate cond/uncond calls
-            extra = runner.measure(ours_with_guidance_reuse(profile))
+            extra = runner.measure(ours_with_guidance_reuse(profile, tuning=case.tuning))
             extra["profile"] = profile
             rows.append(extra)
         if case.eval_mode == "t2v":  # video: tokens that do not move across steps
-            extra = runner.measure(ours_with_token_reuse(profile))
+            extra = runner.measure(ours_with_token_reuse(profile, tuning=case.tuning))
             extra["profile"] = profile
             rows.append(extra)
         target = mine["full_denoiser_calls"]

@@ -28,6 +28,12 @@ from studio.engine.caching import (
     remove_step_cache,
     reset_step_cache,
 )
+from studio.engine.caching.cfg_reuse import (
+    CfgReuseConfig,
+    apply_cfg_reuse,
+    remove_cfg_reuse,
+    reset_cfg_reuse,
+)
 from studio.engine.caching.step_cache import transformer_blocks
 
 log = logging.getLogger(__name__)
@@ -59,6 +65,12 @@ class ProfileLevers:
         attention: ``"sdpa"`` (PyTorch's, via diffusers) or one of our kernels routed in by
             :mod:`studio.engine.attention`: ``"flash"``, ``"sage"``, ``"sparse"``.
         compile: whether the denoiser is compiled with torch.compile.
+        guidance_reuse: when the unconditional branch is computed
+            (:class:`~studio.engine.caching.cfg_reuse.CfgReuseConfig`: every other step after
+            a warm-up, its difference to the conditional one forecast in between), or None
+            (always). Off unless the model's ``studio.json`` turns it on for the profile
+            (``"guidance_reuse": {"balanced": {"interval": 2}}``, from ``python -m bench
+            calibrate``); off under CFG parallelism.
     """
 
     profile: str
@@ -66,6 +78,7 @@ class ProfileLevers:
     precision: str = "as-loaded"
     attention: str = "sdpa"
     compile: bool = False
+    guidance_reuse: CfgReuseConfig | None = None
 
     def describe(self) -> str:
         """One line for the user: what this run turned on."""
@@ -74,6 +87,10 @@ class ProfileLevers:
             c = self.step_cache
             parts.append(f"step cache (threshold {c.threshold:g}, order {c.order}, "
                          f"≤{c.max_consecutive_skips} skips in a row)")
+        if self.guidance_reuse is not None:
+            parts.append(f"guidance reuse (unconditional branch every "
+                         f"{self.guidance_reuse.interval} steps after "
+                         f"{self.guidance_reuse.warmup_steps})")
         parts.append(f"precision {self.precision}")
         parts.append(f"attention {self.attention}")
         if self.compile:
@@ -100,6 +117,12 @@ def levers_for(profile: str, device: torch.device | str = "cpu",
             cache = replace(cache, **override)
         except TypeError as exc:
             raise ValueError(f"studio.json step_cache.{profile}: {exc}") from exc
+    reuse = ((tuning or {}).get("guidance_reuse") or {}).get(profile)
+    if reuse is not None:
+        try:
+            reuse = CfgReuseConfig(**reuse)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"studio.json guidance_reuse.{profile}: {exc}") from exc
     # On the CPU the Triton kernels cannot run (the interpreter is for tests): SDPA stays.
     kind = torch.device(device).type
     attention = GPU_ATTENTION[profile] if kind == "cuda" else "sdpa"
@@ -111,7 +134,8 @@ def levers_for(profile: str, device: torch.device | str = "cpu",
         known = torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count()
         precision = ("fp8-dynamic" if not known or precision_supported("fp8-dynamic", dev)
                      is None else "int8-dynamic")
-    return ProfileLevers(profile, step_cache=cache, attention=attention, precision=precision)
+    return ProfileLevers(profile, step_cache=cache, attention=attention, precision=precision,
+                         guidance_reuse=reuse)
 
 
 def _uncacheable_reason(module: torch.nn.Module) -> str:
@@ -159,12 +183,41 @@ def apply_levers(denoisers: list[torch.nn.Module], levers: ProfileLevers) -> lis
         else:
             current = getattr(module, "_studio_step_cache_config", None)
             if current != levers.step_cache:
+                remove_cfg_reuse(module)  # it must stay outside the step cache's hook
                 apply_step_cache(module, levers.step_cache)
                 module._studio_step_cache_config = levers.step_cache
             reset_step_cache(module)
+        notes += _set_guidance_reuse(module, levers.guidance_reuse)
     if levers.profile != "exact":
         notes.insert(0, levers.describe())
     return notes
+
+
+def _set_guidance_reuse(module: torch.nn.Module, config: CfgReuseConfig | None) -> list[str]:
+    """Installs (outside the step cache), resets or removes guidance reuse on a DiT
+    denoiser; returns a note when it cannot run."""
+    if config is None or is_unet_module(module):
+        remove_cfg_reuse(module)
+        return []
+    from diffusers.hooks import HookRegistry
+
+    if HookRegistry.check_if_exists_or_initialize(module).get_hook(
+            "studio_cfg_parallel") is not None:
+        remove_cfg_reuse(module)
+        return ["guidance reuse: off under CFG parallelism (each rank computes one branch)"]
+    if getattr(module, "_studio_cfg_reuse", None) is None or \
+            getattr(module, "_studio_cfg_reuse_config", None) != config:
+        apply_cfg_reuse(module, config)
+        module._studio_cfg_reuse_config = config
+    else:
+        reset_cfg_reuse(module)
+    return []
+
+
+def is_unet_module(module: torch.nn.Module) -> bool:
+    from studio.engine.caching.unet_cache import is_unet
+
+    return is_unet(module)
 
 
 def attention_stats(denoisers: list[torch.nn.Module]) -> dict[str, int]:

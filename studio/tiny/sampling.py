@@ -56,7 +56,9 @@ def adherence_report(pipe, *, n: int = 32, steps: int = 20, seed: int = 0,
 def export_pipeline(task, dest: Path, step: int | None = None,
                     total_steps: int | None = None) -> Path:
     """Saves the EMA weights as a diffusers folder (fp16 safetensors) plus ``studio.json``
-    (whose description names the training step, when given), replacing ``dest`` whole."""
+    (whose description names the training step, when given), replacing ``dest`` whole.
+    The step cache calibration in ``studio.json`` belongs to the old weights and is dropped:
+    run ``python -m bench calibrate --write`` after exporting."""
     pipe = task.pipeline(ema=True)
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -4,6 +4,8 @@ forecasts it otherwise; state never leaks between jobs; it composes with the ste
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -82,3 +84,55 @@ def test_composes_with_the_step_cache_as_the_outer_hook(pipe):
     assert np.array_equal(generate(pipe)[0], out)  # an exact cache changes nothing
     assert alone.reused == 3
     remove_cfg_reuse(pipe.transformer)
+
+
+def test_a_profile_turns_guidance_reuse_on_from_the_models_tuning(tiny_models, tmp_path):
+    """A model's studio.json turns guidance reuse on for a profile (as `python -m bench
+    calibrate --write` does): the runner forecasts unconditional calls under that profile and
+    says so; `exact` afterwards is the stock output again (the hook is removed); a bad
+    setting is refused naming the field; under CFG parallelism it is off, with a note."""
+    import json
+    import shutil
+
+    from diffusers.hooks import HookRegistry, ModelHook
+
+    from studio.core.request import GenerationRequest, OptimizationSettings
+    from studio.engine.executor import runner_class
+    from studio.engine.models.registry import ModelRegistry
+    from studio.engine.profiles import apply_levers, levers_for
+
+    folder = tmp_path / "wan"
+    shutil.copytree(tiny_models["wan-t2v"], folder)
+    tuning = {"guidance_reuse": {"balanced": {"interval": 2, "warmup_steps": 2}}}
+    (folder / "studio.json").write_text(json.dumps(tuning))
+    entry = ModelRegistry(include_hf_cache=False).resolve(str(folder))
+    runner = runner_class(entry.family)(entry, torch.device("cpu"), torch.float32)
+
+    def run(profile):
+        request = GenerationRequest(model=str(folder), prompt="a red circle", seed=4, steps=8,
+                                    guidance_scale=4.0, width=32, height=32, mode="t2v",
+                                    num_frames=5, optimization=OptimizationSettings(profile))
+        return runner.run(request, {}, lambda *a: None)
+
+    stock = run("exact")
+    balanced = run("balanced")
+    assert any("guidance reuse (unconditional branch every 2 steps after 2)" in n
+               for n in balanced.notes), balanced.notes
+    [note] = [n for n in balanced.notes if n.startswith("guidance reuse:")]
+    computed, total, forecast = map(int, re.findall(r"\d+", note))
+    assert forecast > 0 and computed + forecast == total == 8
+    assert not any(n.startswith("guidance reuse") for n in run("quality").notes)
+    again = run("exact")
+    np.testing.assert_array_equal(again.frames, stock.frames)
+    with pytest.raises(ValueError, match="studio.json guidance_reuse.fast: interval: 0"):
+        levers_for("fast", "cpu", {"guidance_reuse": {"fast": {"interval": 0}}})
+
+    class Marker(ModelHook):
+        pass
+
+    transformer = runner.denoisers()[0]
+    HookRegistry.check_if_exists_or_initialize(transformer).register_hook(
+        Marker(), "studio_cfg_parallel")
+    notes = apply_levers([transformer], levers_for("balanced", "cpu", tuning))
+    assert "guidance reuse: off under CFG parallelism (each rank computes one branch)" in notes
+    assert transformer._studio_cfg_reuse is None

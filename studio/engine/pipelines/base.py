@@ -280,6 +280,13 @@ class FamilyRunner:
         if stats is not None and stats.calls:
             notes.append(f"step cache: {stats.full_calls} of {stats.calls} denoiser calls "
                          f"computed in full, {stats.skipped_calls} forecast")
+        reuse = [getattr(m, "_studio_cfg_reuse", None) for m in self.denoisers()]
+        reuse = [r for r in reuse if r is not None and (r.computed or r.reused)]
+        if reuse:
+            computed = sum(r.computed for r in reuse)
+            reused = sum(r.reused for r in reuse)
+            notes.append(f"guidance reuse: {computed} of {computed + reused} unconditional "
+                         f"calls computed, {reused} forecast")
         paths = attention_stats(self.denoisers())
         if paths:
             notes.append("attention calls: " + ", ".join(f"{n} {p}" for p, n in

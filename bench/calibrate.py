@@ -1,0 +1,192 @@
+"""``python -m bench calibrate``: the step cache's settings per profile, for the embedded model.
+
+Sweeps :class:`~studio.engine.caching.StepCacheConfig` (error budget ``threshold`` ×
+``max_consecutive_skips`` × forecast ``order``), alone and with guidance reuse
+(:class:`~studio.engine.caching.cfg_reuse.CfgReuseConfig`: the unconditional branch every
+other step after 3, FasterCache's CFG cache), on the embedded model in text-to-image
+(64×64: ``bench cpu``'s two prompts plus ``--prompts`` held-out captions) and text-to-video
+(64×64×9, half as many prompts), 20 steps with CFG, against the stock
+output of the same seed, one prompt per run. For each setting: the denoiser work actually
+done, in full denoiser calls (:class:`bench.cpu.DenoiserWork`; the baseline makes 40; the
+mean over prompts), and the PSNR and SSIM of the uint8 output (the worst prompt); the worse
+mode decides. Each profile gets the
+setting with the least work whose worst SSIM meets its floor:
+
+* ``quality``: SSIM ≥ 0.98;
+* ``balanced``: SSIM ≥ 0.95 (issue 6's bar);
+* ``fast``: SSIM ≥ 0.90 (issue 6's bar).
+
+Work, not wall time, is swept (one run per setting, the cores are shared); ``python -m bench
+cpu`` then times the chosen profiles end to end, with the peers and adherence. With
+``--write`` the choice goes into the model's ``studio.json`` as ``"step_cache": {profile:
+{...}}`` and ``"guidance_reuse": {profile: {...}}`` (read by
+:func:`studio.engine.profiles.levers_for`); a re-exported model must be
+calibrated again. Writes ``bench/results/<date>-calibrate.json``.
+
+    python -m bench calibrate [--write] [--prompts 6]
+
+The method being tuned: our forecast step cache (``studio/engine/caching/step_cache.py``),
+after TeaCache (Liu et al., 2024: accumulate a cheap change signal, recompute past a
+threshold) and TaylorSeer (Liu et al., 2025: forecast skipped features from the last full
+steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench.cpu import EMBEDDED, ROOT, Case, Method, Runner, build_cases, psnr_ssim
+
+FLOORS = {"quality": 0.98, "balanced": 0.95, "fast": 0.90}
+THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.2, 2.0)
+MAX_SKIPS = (1, 2, 4)
+ORDERS = (1,)  # order 2 never won a sweep here (2026-11-30) and doubles its cost
+MAX_SKIPS_WITH_REUSE = (2, 4)
+
+
+def with_reuse(config, reuse) -> Method:
+    """Our step cache at ``config``, with guidance reuse ``reuse`` outside it (or without)."""
+    from studio.engine.caching import apply_step_cache, remove_step_cache
+    from studio.engine.caching.cfg_reuse import apply_cfg_reuse, remove_cfg_reuse
+
+    def setup(t):
+        apply_step_cache(t, config)
+        if reuse is not None:
+            apply_cfg_reuse(t, reuse)
+
+    def teardown(t):
+        remove_cfg_reuse(t)
+        remove_step_cache(t)
+
+    return Method("sweep", "ours", "", setup=setup, teardown=teardown)
+
+
+def eval_prompts(n: int) -> list[str]:
+    """``n`` captions of held-out scenes (the evaluator's own prompt set), fixed seed."""
+    from studio.tiny import world
+
+    rng = np.random.default_rng(11)
+    return [world.caption(world.sample_scene(rng, video=False), rng) for _ in range(n)]
+
+
+def choose(rows: list[dict]) -> dict[str, dict | None]:
+    """Per profile, the swept setting with the least worst-case work meeting its SSIM floor
+    (None: no setting does)."""
+    chosen = {}
+    for profile, floor in FLOORS.items():
+        ok = [r for r in rows if r["worst_ssim"] >= floor]
+        chosen[profile] = min(ok, key=lambda r: (r["worst_calls"], -r["worst_ssim"]),
+                              default=None)
+    return chosen
+
+
+def main(argv: list[str]) -> int:
+    from studio.engine.caching import StepCacheConfig
+    from studio.engine.caching.cfg_reuse import CfgReuseConfig
+
+    ap = argparse.ArgumentParser(prog="python -m bench calibrate")
+    ap.add_argument("--prompts", type=int, default=6, help="text-to-image prompts (≥1)")
+    ap.add_argument("--write", action="store_true", help="write the choice to studio.json")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    args = ap.parse_args(argv)
+    if args.prompts < 1:
+        ap.error("--prompts: must be at least 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    prompts = eval_prompts(args.prompts)
+    reuse_config = CfgReuseConfig(interval=2, warmup_steps=3, order=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = build_cases(Path(tmp), {"embedded-t2i", "embedded-t2v"})
+    # the benchmark's own prompts first (the settings must hold on what `bench cpu` times),
+    # then held-out evaluation captions; video takes half as many
+    prompts = [*cases[0].prompts, *prompts]
+    videos = max(2, len(prompts) // 2)
+    # one prompt per run, as the studio runs them (a batch shares its skip decisions)
+    items = {c.name: [Case(c.name, c.pipe, c.call, [p], c.steps, c.eval_mode)
+                      for p in (prompts if c.eval_mode == "t2i" else prompts[:videos])]
+             for c in cases}
+    runners: dict[str, list[Runner]] = {}
+    with torch.inference_mode():
+        for name, per_prompt in items.items():
+            runners[name] = []
+            for case in per_prompt:
+                runner = Runner(case, runs=1, adherence_n=0)
+                runner.baseline = runner.measure(Method("baseline", "baseline", "stock"))
+                runners[name].append(runner)
+        rows = []
+        grid = [(t, s, o, None) for t, s, o in itertools.product(THRESHOLDS, MAX_SKIPS, ORDERS)]
+        grid += [(t, s, 1, reuse_config) for t, s in
+                 itertools.product(THRESHOLDS, MAX_SKIPS_WITH_REUSE)]
+        for threshold, skips, order, reuse in grid:
+            config = StepCacheConfig(threshold=threshold, order=order, warmup_steps=2,
+                                     max_consecutive_skips=skips)
+            row = {"threshold": threshold, "max_consecutive_skips": skips, "order": order,
+                   "warmup_steps": 2, "guidance_reuse": None if reuse is None else {
+                       "interval": reuse.interval, "warmup_steps": reuse.warmup_steps,
+                       "order": reuse.order}}
+            for name, per_prompt in runners.items():
+                calls, ssims, psnrs = [], [], []
+                for runner in per_prompt:
+                    c, out = runner.units(with_reuse(config, reuse))
+                    psnr, ssim = psnr_ssim(out, runner.baseline_out)
+                    calls.append(c)
+                    ssims.append(ssim)
+                    psnrs.append(psnr)
+                # work: the mean over prompts; quality: the worst prompt
+                row[name] = {"full_denoiser_calls": round(float(np.mean(calls)), 2),
+                             "psnr_db": min(psnrs), "ssim": round(min(ssims), 4),
+                             "ssim_per_prompt": [round(x, 4) for x in ssims]}
+            row["worst_calls"] = max(row[n]["full_denoiser_calls"] for n in runners)
+            row["worst_ssim"] = min(row[n]["ssim"] for n in runners)
+            rows.append(row)
+            print(f"threshold {threshold:<5} skips {skips} order {order}"
+                  f"{' +reuse' if reuse else ''}: "
+                  + "  ".join(f"{n} {row[n]['full_denoiser_calls']:.1f} calls SSIM "
+                              f"{row[n]['ssim']:.4f}" for n in runners), flush=True)
+    full = runners["embedded-t2i"][0].baseline["full_denoiser_calls"]
+    chosen = choose(rows)
+    for profile, row in chosen.items():
+        if row is None:
+            print(f"{profile}: no swept setting keeps SSIM ≥ {FLOORS[profile]}")
+        else:
+            print(f"{profile}: threshold {row['threshold']}, ≤{row['max_consecutive_skips']} "
+                  f"skips, order {row['order']}"
+                  f"{', guidance reuse' if row['guidance_reuse'] else ''}: "
+                  f"{row['worst_calls']:.1f} of {full:.0f} "
+                  f"calls (×{full / row['worst_calls']:.2f} less work), worst SSIM "
+                  f"{row['worst_ssim']:.4f}")
+    studio_path = EMBEDDED / "studio.json"
+    studio = json.loads(studio_path.read_text())
+    tuning = {p: {k: r[k] for k in ("threshold", "order", "warmup_steps",
+                                    "max_consecutive_skips")}
+              for p, r in chosen.items() if r is not None}
+    reuse_tuning = {p: r["guidance_reuse"] for p, r in chosen.items()
+                    if r is not None and r["guidance_reuse"]}
+    result = {"command": ("python -m bench calibrate " + " ".join(argv)).strip(),
+              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.platform(),
+              "torch_threads": torch.get_num_threads(), "model": studio.get("description", ""),
+              "training_step": studio.get("training_step"), "prompts": prompts,
+              "baseline_full_denoiser_calls": full, "floors": FLOORS, "rows": rows,
+              "chosen": {"step_cache": tuning, "guidance_reuse": reuse_tuning}}
+    out_dir = ROOT / "bench" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{time.strftime('%Y-%m-%d')}-calibrate.json"
+    path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {path}")
+    if args.write and tuning:
+        studio["step_cache"] = tuning
+        studio["guidance_reuse"] = reuse_tuning
+        tmp_path = studio_path.with_suffix(".json.tmp")
+        tmp_path.write_text(json.dumps(studio, indent=2) + "\n")
+        tmp_path.replace(studio_path)
+        print(f"wrote the step cache settings into {studio_path}")
+    return 0
