@@ -93,6 +93,8 @@ class RequestProblem:
     rule: str
 
     def __str__(self) -> str:
+        if self.value is None or self.value == () or self.value == []:
+            return f"{self.field}: {self.rule}"  # nothing was given: no "=None"
         return f"{self.field}={_shown(self.value)}: {self.rule}"
 
 
