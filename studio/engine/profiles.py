@@ -196,10 +196,13 @@ def apply_levers(denoisers: list[torch.nn.Module], levers: ProfileLevers) -> lis
 def _set_guidance_reuse(module: torch.nn.Module, config: CfgReuseConfig | None) -> list[str]:
     """Installs (outside the step cache), resets or removes guidance reuse on a DiT
     denoiser; returns a note when it cannot run."""
-    if config is None or is_unet_module(module):
+    from diffusers.hooks import HookRegistry
+
+    from studio.engine.caching.unet_cache import is_unet
+
+    if config is None or is_unet(module):
         remove_cfg_reuse(module)
         return []
-    from diffusers.hooks import HookRegistry
 
     if HookRegistry.check_if_exists_or_initialize(module).get_hook(
             "studio_cfg_parallel") is not None:
@@ -212,12 +215,6 @@ def _set_guidance_reuse(module: torch.nn.Module, config: CfgReuseConfig | None) 
     else:
         reset_cfg_reuse(module)
     return []
-
-
-def is_unet_module(module: torch.nn.Module) -> bool:
-    from studio.engine.caching.unet_cache import is_unet
-
-    return is_unet(module)
 
 
 def attention_stats(denoisers: list[torch.nn.Module]) -> dict[str, int]:
