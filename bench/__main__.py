@@ -5,7 +5,8 @@ import sys
 
 BENCHMARKS = {"cpu": "bench.cpu", "calibrate": "bench.calibrate", "precision": "bench.precision",
               "preview": "bench.preview", "gpu-kernels": "bench.gpu.kernels",
-              "ui-stalls": "bench.ui_stalls", "scaling": "bench.scaling"}
+              "ui-stalls": "bench.ui_stalls", "scaling": "bench.scaling",
+              "model": "bench.model"}
 
 
 def main() -> int:

@@ -47,11 +47,11 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from bench.doc import DOC, write_block
+
 ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED = ROOT / "assets" / "models" / "tiny-wan"
-DOC = ROOT / "docs" / "PERFORMANCE.md"
 PLOT = ROOT / "docs" / "images" / "cpu-speed-quality.png"
-TABLE_START, TABLE_END = "<!-- bench cpu: start -->", "<!-- bench cpu: end -->"
 PROFILES = ("quality", "balanced", "fast")
 
 
@@ -617,19 +617,9 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def write_doc(table: str, plotted: bool) -> None:
-    text = DOC.read_text() if DOC.exists() else "# Performance\n"
-    block = f"{TABLE_START}\n{table}\n"
     if plotted:
-        block += f"\n![speed versus quality]({PLOT.relative_to(DOC.parent).as_posix()})\n"
-    block += TABLE_END
-    if TABLE_START in text:
-        text = re.sub(re.escape(TABLE_START) + ".*?" + re.escape(TABLE_END), lambda _: block,
-                      text, flags=re.S)
-    else:
-        text += f"\n## Step caching on the CPU (`python -m bench cpu`)\n\n{block}\n"
-    tmp = DOC.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(DOC)
+        table += f"\n\n![speed versus quality]({PLOT.relative_to(DOC.parent).as_posix()})"
+    write_block("cpu", table, "Step caching on the CPU (`python -m bench cpu`)")
 
 
 def main(argv: list[str]) -> int:

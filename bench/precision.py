@@ -17,17 +17,15 @@ import argparse
 import copy
 import json
 import platform
-import re
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from bench.cpu import DOC, EMBEDDED, ROOT, PeakRss, psnr_ssim
+from bench.cpu import EMBEDDED, ROOT, PeakRss, psnr_ssim
+from bench.doc import write_block
 
-START, END = "<!-- bench precision: start -->", "<!-- bench precision: end -->"
 PROMPTS = ["a small red star in the top left corner on a grass background",
            "a large blue circle in the center on a sky background"]
 
@@ -132,13 +130,4 @@ def markdown(rows: list[dict], result: dict) -> str:
 
 
 def write_doc(table: str) -> None:
-    text = DOC.read_text()
-    block = f"{START}\n{table}\n{END}"
-    if START in text:
-        text = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: block, text,
-                      flags=re.S)
-    else:
-        text += f"\n## Low-precision weights (`python -m bench precision`)\n\n{block}\n"
-    tmp = Path(str(DOC) + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(DOC)
+    write_block("precision", table, "Low-precision weights (`python -m bench precision`)")

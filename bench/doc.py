@@ -1,0 +1,36 @@
+"""Writing a benchmark's table into docs/PERFORMANCE.md, atomically.
+
+Each benchmark owns one block between ``<!-- bench NAME: start -->`` and
+``<!-- bench NAME: end -->``; rerunning it replaces that block and leaves the rest of the
+document alone.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "PERFORMANCE.md"
+
+
+def markers(name: str) -> tuple[str, str]:
+    """The start and end comments of benchmark ``name``'s block."""
+    return f"<!-- bench {name}: start -->", f"<!-- bench {name}: end -->"
+
+
+def write_block(name: str, body: str, heading: str, doc: Path = DOC) -> None:
+    """Replaces benchmark ``name``'s block in ``doc`` with ``body``, or appends it under a new
+    ``## heading`` when the document has none. The file is replaced atomically (write to a
+    sibling, then rename)."""
+    start, end = markers(name)
+    text = doc.read_text() if doc.exists() else "# Performance\n"
+    block = f"{start}\n{body}\n{end}"
+    if start in text:
+        text = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: block, text,
+                      flags=re.S)
+    else:
+        text = text.rstrip("\n") + f"\n\n## {heading}\n\n{block}\n"
+    tmp = doc.with_name(doc.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(doc)

@@ -1,0 +1,86 @@
+"""The embedded model's report: its jobs are valid requests, its scorer passes perfect outputs
+and fails wrong ones, and one real job per mode runs through the engine's executor."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from bench import model as report
+from studio.engine.models.registry import ModelRegistry
+from studio.tiny import world
+
+
+@pytest.fixture(scope="module")
+def caps():
+    return ModelRegistry(include_hf_cache=False).resolve("embedded").capabilities
+
+
+def oracle(sample, caps):
+    """What a perfect model gives for a sample: the world's render of the scene, with the
+    given first frame for image-to-video."""
+    if sample.request.num_frames == 1:
+        return world.render_image(sample.spec, caps.default_height, caps.default_width)[None]
+    clip = world.render_clip(sample.spec, caps.default_frames, caps.default_height,
+                             caps.default_width)
+    if sample.request.mode == "i2v":
+        clip[0] = sample.given
+    return clip
+
+
+@pytest.mark.parametrize("mode", report.MODES)
+def test_every_sample_is_a_valid_request_with_its_inputs(mode, caps):
+    samples = report.build_samples(mode, 5, caps)
+    assert len(samples) == 5
+    for s in samples:
+        assert s.request.validate(caps) == []
+        assert {ref.content_id for _, ref in s.request.media_refs()} == set(s.inputs)
+    if mode == "r2v":
+        for s in samples:
+            words = set(s.request.prompt.replace(",", " ").split())
+            assert not words & set(world.SHAPES), s.request.prompt
+            assert "object" in words  # its colour only in the background's name, if at all
+            assert not re.search(rf"\b({'|'.join(world.COLOURS)})\s+(\w+\s+)?object\b",
+                                 s.request.prompt), s.request.prompt
+            assert s.reference_object == (s.spec.objects[0].colour, s.spec.objects[0].shape)
+    if mode == "i2i":  # the init image shows another colour than the prompt asks for
+        assert all(s.request.strength == report.I2I_STRENGTH for s in samples)
+
+
+@pytest.mark.parametrize("mode", report.MODES)
+def test_the_scorer_passes_perfect_outputs_and_fails_shuffled_ones(mode, caps):
+    samples = report.build_samples(mode, 24, caps)
+    perfect = report.score(mode, samples, [oracle(s, caps) for s in samples])
+    assert min(perfect["accuracy"].values()) >= 0.95, perfect
+    shuffled_outputs = [oracle(s, caps) for s in samples[1:] + samples[:1]]
+    shuffled = report.score(mode, samples, shuffled_outputs)
+    if mode == "r2v":
+        assert perfect["reference_match"] >= 0.95
+        assert shuffled["reference_match"] < 0.5
+    else:
+        assert shuffled["accuracy"]["colour"] < 0.5
+    if mode == "i2v":
+        assert perfect["first_frame_psnr_db"]["mean"] > 60
+        assert shuffled["first_frame_psnr_db"]["mean"] < 30
+    rows = report.bars({mode: perfect}, None)
+    assert rows and all(r["holds"] for r in rows)
+    assert not all(r["holds"] for r in report.bars({mode: shuffled}, None))
+
+
+def test_one_job_per_mode_through_the_executor(tmp_path):
+    out = tmp_path / "model.json"
+    assert report.main(["--prompts", "1", "--runs", "0", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["modes"]) == set(report.MODES)
+    assert result["speed_s"] is None
+    assert 0 < result["modes"]["i2v"]["first_frame_psnr_db"]["mean"]
+    assert "reference_match" in result["modes"]["r2v"]
+    assert result["command"].startswith("python -m bench model --prompts 1")
+    assert all(np.isfinite(v) for m in result["modes"].values() for v in m["accuracy"].values())
+
+
+def test_bad_arguments_are_refused_with_the_flag(capsys):
+    with pytest.raises(SystemExit):
+        report.main(["--modes", "t2i,x2y"])
+    assert "--modes" in capsys.readouterr().err
