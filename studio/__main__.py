@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import difflib
 import sys
 from pathlib import Path
 
@@ -44,6 +45,18 @@ def main(argv: list[str] | None = None) -> int:
         return cli_main(argv)
     if argv and argv[0] == "--samples":
         return render_samples()
+    if argv and not Path(argv[0]).expanduser().exists():
+        # a mistyped command or option must not become a new project folder
+        word = argv[0]
+        close = difflib.get_close_matches(word, (*CLI_COMMANDS, "--samples"), n=1, cutoff=0.6)
+        if word.startswith("-") or (close and "/" not in word):
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            print(f"error: unknown command or option {word!r}; {hint}commands: "
+                  f"{', '.join(CLI_COMMANDS)}, --samples, --help"
+                  + ("" if word.startswith("-") else
+                     f". To make a project folder with that name, pass ./{word}"),
+                  file=sys.stderr)
+            return 2
     from studio.ui.app import main as ui_main
 
     return ui_main(argv)

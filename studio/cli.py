@@ -62,9 +62,21 @@ def check_output_path(out: str, inputs: list[str]) -> Path:
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
+        blocker = next((p for p in (path.parent, *path.parent.parents)
+                        if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            raise BadInput(f"out={out!r}: {blocker} is a file, not a folder; choose another "
+                           f"place") from None
         raise BadInput(f"out={out!r}: cannot write in {path.parent} "
                        f"({exc.strerror or exc})") from None
     return path
+
+
+def check_model_folders(folders: list[str]) -> None:
+    """Raises BadInput naming the first ``--model-folder`` that is not a folder."""
+    for folder in folders:
+        if not Path(folder).expanduser().is_dir():
+            raise BadInput(f"model-folder={folder!r}: is not a folder")
 
 
 def _positive_float(text: str) -> float:
@@ -100,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--fps", type=_positive_float, default=None, help="video frames per second")
     r.add_argument("--init-image", default=None, help="image-to-image: the starting image")
     r.add_argument("--strength", type=_positive_float, default=None,
-                   help="image-to-image: how much to change, 0-1 (default 0.8)")
+                   help="image-to-image: how much to change, above 0 up to 1 (default 0.8); "
+                        "steps x strength steps are run")
     r.add_argument("--mask", default=None, help="image-to-image: white = repaint")
     r.add_argument("--first-frame", default=None, help="image-to-video: the first frame")
     r.add_argument("--reference", action="append", default=[],
@@ -162,6 +175,9 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
     base: dict[str, Any] = {}
     notes: list[str] = []
     if args.from_file:
+        if not Path(args.from_file).expanduser().is_file():
+            raise BadInput(f"from={args.from_file!r}: no such file (give an image or video "
+                           f"that studio rendered)")
         try:
             recorded = read_metadata(args.from_file)["request"]
             GenerationRequest.from_dict(recorded)  # a malformed request is refused here
@@ -170,6 +186,12 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
                            f"({exc})") from None
         base = dict(recorded)
         base.pop("schema", None)
+    given = [flag for flag, value in (("--init-image", args.init_image or args.mask),
+                                      ("--first-frame", args.first_frame),
+                                      ("--reference", args.reference)) if value]
+    if len(given) > 1 and not (args.mode or base.get("mode")):
+        raise BadInput(f"mode: {' and '.join(given)} belong to different modes (i2i, i2v, "
+                       f"r2v); pass --mode to choose one")
     mode = args.mode or base.get("mode") or ("i2i" if args.init_image else
                                              "i2v" if args.first_frame else
                                              "r2v" if args.reference else "t2i")
@@ -270,7 +292,11 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
     request = GenerationRequest(**req_fields)
     problems = request.validate(caps)
     if problems:
-        raise BadInput("\nerror: ".join(problem_line(p) for p in problems))
+        lines = [problem_line(p) for p in problems]
+        if args.strength is None:  # say where a strength the user never gave came from
+            lines = [line.replace("(--strength)=", "(--strength, the default)=", 1)
+                     for line in lines]
+        raise BadInput("\nerror: ".join(lines))
     return request, pixels, notes
 
 
@@ -329,9 +355,7 @@ def cmd_render(args) -> int:
         resolve_device(args.device)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
-    for folder in args.model_folder:
-        if not Path(folder).expanduser().is_dir():
-            raise BadInput(f"model-folder={folder!r}: is not a folder")
+    check_model_folders(args.model_folder)
     out_path = check_output_path(args.out, [args.init_image, args.mask, args.first_frame,
                                             args.from_file, *args.reference])
     registry = ModelRegistry(args.model_folder)
@@ -370,6 +394,15 @@ def cmd_render(args) -> int:
           f"{t['load']:.2f}s, denoise {t['denoise']:.2f}s, decode {t['decode']:.2f}s)")
     for note in event.notes:
         print(f"note: {note}", file=sys.stderr)
+    if f > 1:
+        from studio.store.export import playback_fps
+
+        plays = playback_fps(path.suffix, event.fps)
+        if abs(plays - event.fps) > 0.01 * event.fps:
+            print(f"note: fps: {path.suffix} stores frame times in "
+                  f"{'1/100' if path.suffix.lower() == '.gif' else '1/1000'} s, so it plays at "
+                  f"{plays:.3g} fps, not {event.fps:g} (.mp4 keeps the exact rate)",
+                  file=sys.stderr)
     if original is not None:
         from studio.store.export import read_frames
 
@@ -411,6 +444,7 @@ def compare_with_original(name: str, original, event, written) -> str:
 def cmd_models(args) -> int:
     from studio.engine.models.registry import ModelRegistry
 
+    check_model_folders(args.model_folder)
     registry = ModelRegistry(args.model_folder, include_hf_cache=not args.no_hf_cache)
     entries = registry.list()
     rows = [("MODEL", "FAMILY", "MODES", "SIZE", "DTYPE", "STATUS")]

@@ -321,8 +321,11 @@ class GenerationRequest:
         if self.mode == "i2i" and check_float("strength", 0.0, 1.0):
             if isinstance(self.steps, int) and self.steps >= 1 and \
                     int(self.steps * self.strength) < 1:
-                bad("strength", f"steps x strength must run at least one step "
-                                f"(strength >= {1 / max(self.steps, 1):.3g} at {self.steps} steps)")
+                least_steps = math.ceil(1 / self.strength) if self.strength > 0 else None
+                bad("strength", f"steps x strength must run at least one step: at {self.steps} "
+                                f"steps strength must be >= {1 / self.steps:.3g}"
+                                + (f", or at this strength steps must be >= {least_steps}"
+                                   if least_steps else " (strength 0 runs no step)"))
 
         lo_size, hi_size = (caps.min_size, caps.max_size) if caps else (8, 16384)
         size_ok = check_int("width", lo_size, hi_size) & check_int("height", lo_size, hi_size)

@@ -74,6 +74,23 @@ def check_suffix(path: str | Path, num_frames: int) -> str:
     return suffix
 
 
+def frame_duration_ms(fps: float) -> int:
+    """The per-frame duration written to GIF and WebP files, milliseconds (at least 10)."""
+    return max(10, round(1000 / fps))
+
+
+def playback_fps(suffix: str, fps: float) -> float:
+    """The rate a video file written at ``fps`` actually plays at, frames per second: GIF
+    stores frame times in 1/100 s (Pillow truncates the milliseconds), WebP in milliseconds;
+    MP4 keeps the rate."""
+    suffix = suffix.lower()
+    if suffix == ".gif":
+        return 100.0 / max(1, frame_duration_ms(fps) // 10)
+    if suffix == ".webp":
+        return 1000.0 / frame_duration_ms(fps)
+    return float(fps)
+
+
 def write_result(
     path: str | Path,
     frames: np.ndarray,
@@ -109,7 +126,7 @@ def write_result(
 
         def write(tmp: str) -> None:
             images = [Image.fromarray(f, "RGB") for f in frames]
-            duration = max(10, round(1000 / fps))
+            duration = frame_duration_ms(fps)
             if suffix == ".gif":
                 images[0].save(
                     tmp,

@@ -239,3 +239,54 @@ def test_options_the_mode_does_not_use_are_refused(tmp_path, capsys):
                                      "--out", tmp_path / "o.png", *extra)
         assert code == 2 and message in err and "this is t2i" in err
         assert not (tmp_path / "o.png").exists()
+
+
+def test_mixed_mode_inputs_and_a_default_strength_are_explained(tmp_path, capsys):
+    image = CASES / "002-init-image-modes" / "palette.png"
+    out = tmp_path / "o.png"
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--init-image", image,
+                                 "--first-frame", image, "--out", out)
+    assert code == 2 and "--init-image and --first-frame" in err and "--mode" in err
+    # one step at the default strength 0.8 runs no step: say it is the default, and both fixes
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--init-image", image,
+                                 "--steps", "1", "--out", out)
+    assert code == 2 and "(--strength, the default)=0.8" in err
+    assert "steps must be >= 2" in err and "strength must be >= 1" in err
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--init-image", image,
+                                 "--strength", "0", "--out", out)
+    assert code == 2 and "strength 0 runs no step" in err and "the default" not in err
+    assert not out.exists()
+
+
+def test_path_problems_are_named_plainly(tmp_path, capsys):
+    a_file = tmp_path / "file.png"
+    a_file.write_bytes(b"x")
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--out", a_file / "x.png")
+    assert code == 2 and f"{a_file} is a file, not a folder" in err and "Errno" not in err
+    code, _, err = studio_inproc(capsys, "render", "--from", tmp_path / "missing.png",
+                                 "--out", tmp_path / "o.png")
+    assert code == 2 and "no such file" in err and "Errno" not in err
+    code, _, err = studio_inproc(capsys, "models", "--model-folder", tmp_path / "nowhere")
+    assert code == 2 and "model-folder" in err
+
+
+def test_a_mistyped_command_is_not_taken_for_a_project_folder(tmp_path, monkeypatch, capsys):
+    from studio.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["rendr", "--prompt", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean 'render'" in err and "./rendr" in err
+    assert main(["--sample"]) == 2 and "'--samples'" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ignored_prompt_parts_get_a_note(tmp_path, capsys):
+    out = tmp_path / "o.png"
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "une étoile rouge on grass",
+                                 "--negative-prompt", "blurry", "--guidance", "1", "--steps",
+                                 "1", "--seed", "1", "--out", out)
+    assert code == 0, err
+    assert "negative prompt: ignored at guidance 1" in err
+    assert "does not know \u201cune\u201d, \u201c\u00e9toile\u201d, \u201crouge\u201d" in err
+    assert "grass" not in err.split("does not know")[1]

@@ -219,23 +219,55 @@ class FamilyRunner:
         raise NotImplementedError
 
     def prompt_notes(self, request: GenerationRequest) -> list[str]:
-        """A note when the prompt has more tokens than the text encoder reads (the words
-        past the limit change nothing, silently, in every diffusers pipeline). The limit is
-        the model's ``max_sequence_length`` setting, else its tokenizer's maximum."""
+        """Notes on what of the prompts the model silently ignores:
+
+        * more tokens than the text encoder reads (the words past the limit change nothing
+          in every diffusers pipeline; the limit is the model's ``max_sequence_length``
+          setting, else its tokenizer's maximum);
+        * words the tokenizer does not know (read as its unknown token: the embedded model's
+          word-level vocabulary knows only its world's words);
+        * a negative prompt at guidance scale <= 1 (no unconditional branch runs: CFG off).
+        """
+        notes = []
+        if request.negative_prompt and isinstance(request.guidance_scale, int | float) and \
+                request.guidance_scale <= 1:
+            notes.append(f"negative prompt: ignored at guidance {request.guidance_scale:g} "
+                         f"(classifier-free guidance runs only above 1)")
         tokenizer = getattr(getattr(self, "base", None), "tokenizer", None)
         if tokenizer is None or not request.prompt:
-            return []
+            return notes
+        unknown = self._unknown_words(tokenizer, request.prompt)
+        if unknown:
+            shown = ", ".join(f"\u201c{w}\u201d" for w in unknown[:5])
+            more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+            notes.append(f"prompt: this model does not know {shown}{more}; read as an unknown "
+                         f"word")
         limit = self.entry.call_kwargs.get("max_sequence_length") or \
             getattr(tokenizer, "model_max_length", None)
         if not isinstance(limit, int) or limit <= 0 or limit > 100_000:
-            return []
+            return notes
         ids = tokenizer(request.prompt, truncation=False).input_ids
         if len(ids) <= limit:
-            return []
+            return notes
         kept = tokenizer.decode(ids[:limit], skip_special_tokens=True).split()
         tail = " ".join(kept[-3:])
-        return [f"prompt: {len(ids)} tokens, but this model reads the first {limit}; the "
-                f"words after \u201c{tail}\u201d change nothing"]
+        return notes + [f"prompt: {len(ids)} tokens, but this model reads the first {limit}; "
+                        f"the words after \u201c{tail}\u201d change nothing"]
+
+    @staticmethod
+    def _unknown_words(tokenizer, text: str) -> list[str]:
+        """The distinct pieces of ``text`` that ``tokenizer`` maps to its unknown token (a
+        fast tokenizer's offsets give them back; none for a tokenizer without either)."""
+        unk = getattr(tokenizer, "unk_token_id", None)
+        if unk is None or not getattr(tokenizer, "is_fast", False):
+            return []
+        enc = tokenizer(text, truncation=False, return_offsets_mapping=True)
+        found: list[str] = []
+        for token, (start, end) in zip(enc.input_ids, enc.offset_mapping, strict=False):
+            word = text[start:end]
+            if token == unk and word and word not in found:
+                found.append(word)
+        return found
 
     def kl_latent_preview(self) -> LatentPreview:
         """The step preview for a 2-D ``AutoencoderKL`` latent space (B, C, h, w) scaled by

@@ -1,0 +1,21 @@
+"""The playback rate a video file really has, read back from files written by write_result."""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from studio.store.export import playback_fps, read_frames, write_result
+
+
+@pytest.mark.parametrize("suffix", [".gif", ".webp"])
+@pytest.mark.parametrize("fps", [8.0, 16.0, 24.0, 7.3])
+def test_playback_fps_is_what_the_file_stores(tmp_path, suffix, fps):
+    frames = np.random.default_rng(0).integers(0, 255, (3, 16, 16, 3), dtype=np.uint8)
+    path = write_result(tmp_path / f"clip{suffix}", frames, fps, '{"mode": "t2v"}', {})
+    with Image.open(path) as im:
+        im.seek(1)
+        im.load()  # WebP reports a frame's duration once it is decoded
+        stored_ms = im.info["duration"]
+    assert playback_fps(suffix, fps) == pytest.approx(1000.0 / stored_ms)
+    assert read_frames(path).shape == frames.shape
+    assert playback_fps(".mp4", fps) == fps
