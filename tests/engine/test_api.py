@@ -266,5 +266,6 @@ def test_a_prompt_longer_than_the_text_encoder_reads_gets_a_note():
             mode="t2i", model="embedded", prompt=prompt, steps=1, width=64, height=64,
             num_frames=1, seed=1, guidance_scale=4.0)), lambda e: None, lambda: False)
         notes.append([n for n in done.notes if n.startswith("prompt:")])
-    assert notes == [["prompt: 42 tokens, but this model reads the first 32; the words after "
+    assert notes == [["prompt: this model does not know \u201ccat\u201d; read as an unknown word",
+                      "prompt: 42 tokens, but this model reads the first 32; the words after "
                       "\u201cred red red\u201d change nothing"], []]
