@@ -1,9 +1,10 @@
 """``python -m bench calibrate``: the step cache's settings per profile, for the embedded model.
 
-Sweeps :class:`~studio.engine.caching.StepCacheConfig` (error budget ``threshold`` ×
-``max_consecutive_skips`` × forecast ``order``), alone and with guidance reuse
-(:class:`~studio.engine.caching.cfg_reuse.CfgReuseConfig`: the unconditional branch every
-other step after 3, FasterCache's CFG cache), on the embedded model in text-to-image
+Sweeps :class:`~studio.engine.caching.StepCacheConfig` (decision ``signal``: the probe
+block's forecast error or the first block's modulated input × error budget ``threshold`` ×
+``max_consecutive_skips`` × forecast ``order``), alone and, with ``--guidance-reuse``, with
+guidance reuse (:class:`~studio.engine.caching.cfg_reuse.CfgReuseConfig`: the unconditional
+branch every other step after 3, FasterCache's CFG cache), on the embedded model in text-to-image
 (64×64: ``bench cpu``'s two prompts plus ``--prompts`` held-out captions) and text-to-video
 (64×64×9, half as many prompts), 20 steps with CFG, against the stock
 output of the same seed, one prompt per run. For each setting: the denoiser work actually
@@ -23,7 +24,7 @@ cpu`` then times the chosen profiles end to end, with the peers and adherence. W
 :func:`studio.engine.profiles.levers_for`); a re-exported model must be
 calibrated again. Writes ``bench/results/<date>-calibrate.json``.
 
-    python -m bench calibrate [--write] [--prompts 6]
+    python -m bench calibrate [--write] [--prompts 6] [--guidance-reuse]
 
 The method being tuned: our forecast step cache (``studio/engine/caching/step_cache.py``),
 after TeaCache (Liu et al., 2024: accumulate a cheap change signal, recompute past a
@@ -46,6 +47,7 @@ import torch
 
 from bench.cpu import EMBEDDED, ROOT, Case, Method, Runner, build_cases, psnr_ssim
 
+SIGNALS = ("block", "input")  # StepCacheConfig.signal: the probe block, or its modulated input
 FLOORS = {"quality": 0.98, "balanced": 0.95, "fast": 0.90}
 THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.2, 2.0)
 MAX_SKIPS = (1, 2, 4)
@@ -97,6 +99,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--prompts", type=int, default=6, help="text-to-image prompts (≥1)")
     ap.add_argument("--write", action="store_true", help="write the choice to studio.json")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    ap.add_argument("--guidance-reuse", action="store_true",
+                    help="also sweep guidance reuse (no profile took it on the 2026-11-30 "
+                         "weights: worst SSIM 0.69-0.88)")
     args = ap.parse_args(argv)
     if args.prompts < 1:
         ap.error("--prompts: must be at least 1")
@@ -123,13 +128,16 @@ def main(argv: list[str]) -> int:
                 runner.baseline = runner.measure(Method("baseline", "baseline", "stock"))
                 runners[name].append(runner)
         rows = []
-        grid = [(t, s, o, None) for t, s, o in itertools.product(THRESHOLDS, MAX_SKIPS, ORDERS)]
-        grid += [(t, s, 1, reuse_config) for t, s in
-                 itertools.product(THRESHOLDS, MAX_SKIPS_WITH_REUSE)]
-        for threshold, skips, order, reuse in grid:
+        grid = [(sig, t, s, o, None) for sig, t, s, o in
+                itertools.product(SIGNALS, THRESHOLDS, MAX_SKIPS, ORDERS)]
+        if args.guidance_reuse:
+            grid += [(sig, t, s, 1, reuse_config) for sig, t, s in
+                     itertools.product(SIGNALS, THRESHOLDS, MAX_SKIPS_WITH_REUSE)]
+        for signal, threshold, skips, order, reuse in grid:
             config = StepCacheConfig(threshold=threshold, order=order, warmup_steps=2,
-                                     max_consecutive_skips=skips)
-            row = {"threshold": threshold, "max_consecutive_skips": skips, "order": order,
+                                     max_consecutive_skips=skips, signal=signal)
+            row = {"signal": signal, "threshold": threshold, "max_consecutive_skips": skips,
+                   "order": order,
                    "warmup_steps": 2, "guidance_reuse": None if reuse is None else {
                        "interval": reuse.interval, "warmup_steps": reuse.warmup_steps,
                        "order": reuse.order}}
@@ -148,7 +156,7 @@ def main(argv: list[str]) -> int:
             row["worst_calls"] = max(row[n]["full_denoiser_calls"] for n in runners)
             row["worst_ssim"] = min(row[n]["ssim"] for n in runners)
             rows.append(row)
-            print(f"threshold {threshold:<5} skips {skips} order {order}"
+            print(f"{signal} signal, threshold {threshold:<5} skips {skips} order {order}"
                   f"{' +reuse' if reuse else ''}: "
                   + "  ".join(f"{n} {row[n]['full_denoiser_calls']:.1f} calls SSIM "
                               f"{row[n]['ssim']:.4f}" for n in runners), flush=True)
@@ -158,7 +166,8 @@ def main(argv: list[str]) -> int:
         if row is None:
             print(f"{profile}: no swept setting keeps SSIM ≥ {FLOORS[profile]}")
         else:
-            print(f"{profile}: threshold {row['threshold']}, ≤{row['max_consecutive_skips']} "
+            print(f"{profile}: {row['signal']} signal, threshold {row['threshold']}, "
+                  f"≤{row['max_consecutive_skips']} "
                   f"skips, order {row['order']}"
                   f"{', guidance reuse' if row['guidance_reuse'] else ''}: "
                   f"{row['worst_calls']:.1f} of {full:.0f} "
@@ -166,7 +175,7 @@ def main(argv: list[str]) -> int:
                   f"{row['worst_ssim']:.4f}")
     studio_path = EMBEDDED / "studio.json"
     studio = json.loads(studio_path.read_text())
-    tuning = {p: {k: r[k] for k in ("threshold", "order", "warmup_steps",
+    tuning = {p: {k: r[k] for k in ("signal", "threshold", "order", "warmup_steps",
                                     "max_consecutive_skips")}
               for p, r in chosen.items() if r is not None}
     reuse_tuning = {p: r["guidance_reuse"] for p, r in chosen.items()

@@ -85,7 +85,8 @@ class ProfileLevers:
         parts = []
         if self.step_cache is not None:
             c = self.step_cache
-            parts.append(f"step cache (threshold {c.threshold:g}, order {c.order}, "
+            parts.append(f"step cache ({c.signal} signal, threshold {c.threshold:g}, "
+                         f"order {c.order}, "
                          f"≤{c.max_consecutive_skips} skips in a row)")
         if self.guidance_reuse is not None:
             parts.append(f"guidance reuse (unconditional branch every "
@@ -251,8 +252,8 @@ def profile_table() -> str:
         for device in ("cpu", "cuda"):
             lv = levers_for(profile, device)
             c = lv.step_cache
-            cache = (f"threshold {c.threshold:g}, order {c.order}, warm-up {c.warmup_steps}, "
-                     f"≤{c.max_consecutive_skips} skips" if c else "off")
+            cache = (f"{c.signal} signal, threshold {c.threshold:g}, order {c.order}, warm-up "
+                     f"{c.warmup_steps}, ≤{c.max_consecutive_skips} skips" if c else "off")
             precision = lv.precision
             if precision == "fp8-dynamic":
                 precision = "fp8-dynamic (int8-dynamic below compute capability 8.9)"

@@ -9,6 +9,7 @@ tiny family model runs under every profile through the engine.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -31,6 +32,10 @@ from studio.engine.profiles import levers_for, profile_table
 
 # a data-independent schedule: 2 full steps, then skip, full, skip, full...
 ALTERNATE = StepCacheConfig(threshold=10.0, order=1, warmup_steps=2, max_consecutive_skips=1)
+# the same schedule, decided from the first block's modulated input (no block runs when skipped)
+ALTERNATE_INPUT = dataclasses.replace(ALTERNATE, signal="input")
+SCHEDULES = pytest.mark.parametrize("config", [ALTERNATE, ALTERNATE_INPUT],
+                                    ids=["block-signal", "input-signal"])
 
 
 # -- forecast -----------------------------------------------------------------------------
@@ -138,9 +143,92 @@ def test_skipped_steps_do_not_run_the_deep_blocks(name, wan, flux):
     assert np.isfinite(out).all() and not np.array_equal(out, base)
 
 
-def test_no_leak_between_jobs(wan):
+def count_all_attention(transformer) -> list[int]:
+    """Counts forward calls of the self-attention of every block, the first included."""
+    counter = [0]
+    for block in transformer_blocks(transformer):
+        attn = getattr(block, "attn1", None) or block.attn
+        attn.register_forward_pre_hook(lambda *_: counter.__setitem__(0, counter[0] + 1))
+    return counter
+
+
+@pytest.mark.parametrize("name", ["wan", "flux"])
+def test_on_the_input_signal_a_skipped_step_runs_no_block(name, wan, flux):
+    pipe, run = (wan, run_wan) if name == "wan" else (flux, run_flux)
+    model = copy.deepcopy(pipe.transformer)
+    original, pipe.transformer = pipe.transformer, model
+    try:
+        base = run(pipe)
+        counter = count_all_attention(model)
+        stats = apply_step_cache(model, ALTERNATE_INPUT)
+        out = run(pipe)
+        attention_calls = counter[0]
+        remove_step_cache(model)
+        np.testing.assert_array_equal(run(pipe), base)  # removed: stock again
+    finally:
+        pipe.transformer = original
+    assert stats.skipped_calls > 0
+    assert attention_calls == stats.full_calls * len(transformer_blocks(model))
+    assert np.isfinite(out).all() and not np.array_equal(out, base)
+
+
+@pytest.mark.parametrize("name", ["wan", "flux"])
+def test_the_input_signal_is_what_the_first_block_feeds_its_attention(name, wan, flux):
+    """The modulated input read by the cache equals the first block's own: Wan's
+    ``norm1(x) * (1 + scale) + shift`` as attn1 receives it, Flux's AdaLayerNormZero output."""
+    from studio.engine.caching.step_cache import modulated_input
+
+    model = (wan if name == "wan" else flux).transformer
+    block = transformer_blocks(model)[0]
+    seen = {}
+    if name == "wan":
+        hook = block.attn1.register_forward_pre_hook(
+            lambda m, args: seen.update(x=seen.get("x", args[0])))
+    else:
+        hook = block.norm1.register_forward_hook(
+            lambda m, args, out: seen.update(x=seen.get("x", out[0])))
+    calls = []
+    capture = block.register_forward_pre_hook(
+        lambda m, args, kwargs: calls.append((args, kwargs)), with_kwargs=True)
+    try:
+        (run_wan(wan, steps=1) if name == "wan" else run_flux(flux, steps=1))
+    finally:
+        hook.remove()
+        capture.remove()
+    args, kwargs = calls[0]
+    hidden = args[0] if args else kwargs["hidden_states"]
+    signal = modulated_input(block, args, kwargs, hidden)
+    torch.testing.assert_close(signal, seen["x"].float(), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(signal, hidden.float())
+
+
+def test_the_input_signal_skips_only_while_the_input_barely_changes(wan):
+    """Threshold 0.05 on the input signal skips some calls, never more in a row than allowed;
+    a threshold above every change skips as many as max_consecutive_skips allow."""
     model = wan.transformer
-    apply_step_cache(model, ALTERNATE)
+    runs = {}
+    for threshold in (0.05, 10.0):
+        stats = apply_step_cache(model, StepCacheConfig(threshold=threshold, signal="input",
+                                                        warmup_steps=2, max_consecutive_skips=2))
+        try:
+            run_wan(wan, steps=12)
+        finally:
+            remove_step_cache(model)
+        runs[threshold] = stats
+    assert runs[10.0].skipped_calls > runs[0.05].skipped_calls
+    for stats in runs.values():
+        per_branch = {}
+        for context, _, _, computed in stats.decisions:
+            per_branch.setdefault(context, []).append(computed)
+        for flags in per_branch.values():
+            assert flags[:2] == [True, True]  # the warm-up
+            assert "FFF" not in "".join("T" if f else "F" for f in flags)
+
+
+@SCHEDULES
+def test_no_leak_between_jobs(wan, config):
+    model = wan.transformer
+    apply_step_cache(model, config)
     try:
         first = run_wan(wan, prompt="a blue square", seed=3)
         after_other = run_wan(wan, prompt="a red circle", seed=5)
@@ -155,13 +243,14 @@ def test_no_leak_between_jobs(wan):
     assert not np.array_equal(first, fresh)
 
 
-def test_no_leak_between_cfg_branches(wan):
+@SCHEDULES
+def test_no_leak_between_cfg_branches(wan, config):
     """Each branch under one cache gives what a cache that only ever saw it gives."""
     torch.manual_seed(0)
     model = wan.transformer
     shared, cond_only, uncond_only = (copy.deepcopy(model) for _ in range(3))
     for m in (shared, cond_only, uncond_only):
-        apply_step_cache(m, ALTERNATE)
+        apply_step_cache(m, config)
     x = torch.randn(1, 16, 2, 4, 4)
     text_c, text_u = torch.randn(1, 8, 32), torch.randn(1, 8, 32)
     outputs = {"shared-c": [], "shared-u": [], "cond": [], "uncond": []}
@@ -181,10 +270,11 @@ def test_no_leak_between_cfg_branches(wan):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def test_no_leak_between_batch_items(wan):
+@SCHEDULES
+def test_no_leak_between_batch_items(wan, config):
     """With a data-independent schedule, an item of a batch gets its solo result."""
     model = wan.transformer
-    apply_step_cache(model, ALTERNATE)
+    apply_step_cache(model, config)
     try:
         batch = run_wan(wan, batch=[1, 2], guidance=1.0)
         solo = [run_wan(wan, seed=s, guidance=1.0) for s in (1, 2)]

@@ -48,6 +48,7 @@ _ROOT_HOOK = "studio_step_cache_root"
 _PROBE_HOOK = "studio_step_cache_probe"
 _BLOCK_HOOK = "studio_step_cache_block"
 _DEFAULT_CONTEXT = "studio-default"
+SIGNALS = ("block", "input")
 BLOCK_LIST_NAMES = ("transformer_blocks", "single_transformer_blocks", "double_stream_blocks",
                     "single_stream_blocks", "blocks", "layers")
 
@@ -64,6 +65,13 @@ class StepCacheConfig:
         warmup_steps: full steps computed at the start of each trajectory before any skip
             (at least ``order + 1`` are needed for a full-order forecast).
         max_consecutive_skips: a full step is forced after this many skips in a row.
+        signal: what the skip decision reads. ``"block"``: the first block runs on every
+            call and its residual's forecast error is the signal (the first block is
+            recomputed even on skipped calls). ``"input"``: the first block's
+            timestep-modulated input (TeaCache's signal: ``norm1(x) * (1 + scale) + shift``
+            for Wan-style and AdaLayerNormZero blocks, the raw input otherwise), whose
+            relative L1 change from the previous call is accumulated; a skipped call then
+            runs no block at all, and the first block's residual is forecast as well.
 
     Raises:
         ValueError: (at construction) a field out of range, naming it.
@@ -73,8 +81,11 @@ class StepCacheConfig:
     order: int = 1
     warmup_steps: int = 2
     max_consecutive_skips: int = 3
+    signal: str = "block"
 
     def __post_init__(self):
+        if self.signal not in SIGNALS:
+            raise ValueError(f"signal: {self.signal!r} is not one of {', '.join(SIGNALS)}")
         if not (0.0 <= self.threshold <= 10.0):
             raise ValueError(f"threshold: {self.threshold} is outside 0..10")
         if self.order not in (0, 1, 2):
@@ -127,6 +138,11 @@ class _TrajectoryState(BaseState):
         self.probed = False  # whether the probe block ran in the current call
         self.probe_output: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self.probe_residual: torch.Tensor | None = None
+        # signal "input": the first block's encoder-stream residuals per full step, the
+        # current one, and the previous call's modulated input
+        self.probe_encoder_residuals: list[torch.Tensor | None] = []
+        self.probe_encoder_residual: torch.Tensor | None = None
+        self.previous_signal: torch.Tensor | None = None
 
 
 def _metadata(block: torch.nn.Module) -> TransformerBlockMetadata:
@@ -290,6 +306,8 @@ class _ProbeHook(ModelHook):
         return module
 
     def new_forward(self, module, *args, **kwargs):
+        if self.config.signal == "input":
+            return self._forward_on_input_signal(module, args, kwargs)
         meta = self.meta
         x = meta._get_parameter_from_args_kwargs(meta.hidden_states_argument_name, args, kwargs)
         output = self.fn_ref.original_forward(*args, **kwargs)
@@ -336,9 +354,107 @@ class _ProbeHook(ModelHook):
         state.consecutive_skips = 0
         return True
 
+    def _forward_on_input_signal(self, module, args, kwargs):
+        """Signal ``"input"``: decide before the first block runs; on a skipped call return
+        its input plus the forecast residual of the first block and of the rest of the
+        segment, so no block computes anything."""
+        meta = self.meta
+        x, encoder_in = _inputs(meta, args, kwargs)
+        if encoder_in is None and getattr(meta, "_takes_encoder", None):
+            encoder_in = meta._get_parameter_from_args_kwargs(
+                meta.encoder_hidden_states_argument_name, args, kwargs)
+        state: _TrajectoryState = self.state_manager.get_state()
+        signal = modulated_input(module, args, kwargs, x)
+        state.compute = self._decide_on_input(state, signal)
+        state.probed = True
+        if state.compute:
+            output = self.fn_ref.original_forward(*args, **kwargs)
+            _learn_format(meta, output)
+            hidden, encoder = _split(output, meta)
+            if x.shape != hidden.shape and self.group is not None:
+                x = _local_shard(x, hidden, self.group)  # split inside the block
+            state.segment_inputs = {0: (hidden, encoder)}
+            state.step_residuals = {}
+            state.probe_residual = hidden - x
+            state.probe_encoder_residual = (encoder - encoder_in if encoder is not None
+                                            and encoder_in is not None
+                                            and encoder.shape == encoder_in.shape else None)
+            return output
+        order = self.config.order
+        r0 = _forecast_list(state.times, state.probe_residuals, state.timestep, order)
+        if x.shape != r0.shape and self.group is not None:
+            x = _local_shard(x, r0, self.group)
+        hidden = x + r0
+        encoder = encoder_in
+        if encoder is not None and state.probe_encoder_residuals[-1] is not None:
+            encoder = encoder + _forecast_list(state.times, state.probe_encoder_residuals,
+                                               state.timestep, order)
+        if self.segment_has_deep_blocks:
+            hs_res, enc_res = _forecast_segment(state, 0, order)
+            hidden = hidden + hs_res
+            if encoder is not None and enc_res is not None:
+                encoder = encoder + enc_res
+        return _join(None, meta, hidden, encoder)
+
+    @torch.compiler.disable
+    def _decide_on_input(self, state: _TrajectoryState, signal: torch.Tensor) -> bool:
+        cfg = self.config
+        previous, state.previous_signal = state.previous_signal, signal
+        if cfg.threshold <= 0 or state.timestep is None or len(state.times) < max(
+                1, cfg.warmup_steps) or state.consecutive_skips >= cfg.max_consecutive_skips \
+                or previous is None:
+            return self._full(state)
+        if previous.shape != signal.shape or state.probe_residuals[-1] is None:
+            state.reset()
+            state.previous_signal = signal
+            return self._full(state)
+        state.accumulated += _rel_l1(signal, previous, self.group)
+        if state.accumulated > cfg.threshold:
+            return self._full(state)
+        state.consecutive_skips += 1
+        return False
+
     def reset_state(self, module):
         self.state_manager.reset()
         return module
+
+
+def modulated_input(block: torch.nn.Module, args, kwargs, hidden: torch.Tensor) -> torch.Tensor:
+    """The first block's timestep-modulated input, the cheap skip signal of TeaCache (Liu et
+    al., "Timestep Embedding Tells: It's Time to Cache for Video Diffusion Model", CVPR 2025).
+
+    * Wan-style blocks (a ``scale_shift_table`` and ``norm1``, called with ``temb`` of shape
+      (B, 6, D) or per token (B, L, 6, D)): ``norm1(x) * (1 + scale_msa) + shift_msa``;
+    * blocks whose ``norm1`` is an adaptive LayerNorm taking ``emb`` (Flux, SD3, Qwen-Image
+      double-stream blocks: AdaLayerNormZero): ``norm1(x, emb=temb)[0]``;
+    * any other block: the input ``hidden`` itself (B, L, D).
+
+    Costs one LayerNorm over the tokens, nothing against the block's attention and MLP.
+    Returns a float32 tensor of ``hidden``'s shape."""
+    bound = _bound_arguments(block, args, kwargs)
+    temb = bound.get("temb")
+    norm1 = getattr(block, "norm1", None)
+    try:
+        if temb is not None and norm1 is not None and hasattr(block, "scale_shift_table"):
+            table = block.scale_shift_table
+            if temb.ndim == 4:
+                shift, scale = (table.unsqueeze(0) + temb.float()).chunk(6, dim=2)[:2]
+                shift, scale = shift.squeeze(2), scale.squeeze(2)
+            else:
+                shift, scale = (table + temb.float()).chunk(6, dim=1)[:2]
+            return norm1(hidden.float()) * (1 + scale) + shift
+        if temb is not None and norm1 is not None and \
+                "emb" in inspect.signature(type(norm1).forward).parameters:
+            out = norm1(hidden, emb=temb)
+            return (out[0] if isinstance(out, tuple) else out).float()
+    except (RuntimeError, ValueError, TypeError):
+        pass  # a layout this reading does not know: fall back on the raw input
+    return hidden.float()
+
+
+def _bound_arguments(block: torch.nn.Module, args, kwargs) -> dict:
+    params = list(inspect.signature(type(block).forward).parameters)[1:]
+    return dict(zip(params, args, strict=False)) | kwargs
 
 
 def _forecast_list(times, values, at, order):
@@ -427,9 +543,11 @@ class _DeepBlockHook(ModelHook):
         keep = self.config.order + 1
         state.times = (state.times + [state.timestep])[-keep:]
         state.probe_residuals = (state.probe_residuals + [state.probe_residual])[-keep:]
+        state.probe_encoder_residuals = (state.probe_encoder_residuals
+                                         + [state.probe_encoder_residual])[-keep:]
         state.deep_residuals = (state.deep_residuals + [dict(state.step_residuals)])[-keep:]
         state.segment_inputs, state.step_residuals = {}, {}
-        state.probe_residual = None
+        state.probe_residual = state.probe_encoder_residual = None
 
     def reset_state(self, module):
         self.state_manager.reset()
