@@ -71,18 +71,18 @@ def _media(pixels: np.ndarray, source: str):
     return MediaRef(pixels_content_id(pixels), source, "")
 
 
-def _request(caps, mode: str, prompt: str, seed: int, **fields):
+def _request(caps, mode: str, prompt: str, seed: int, model: str = MODEL, **fields):
     from studio.core.request import GenerationRequest
 
     video = mode in ("t2v", "i2v", "r2v")
     return GenerationRequest(
-        mode=mode, model=MODEL, prompt=prompt, seed=seed, steps=caps.default_steps,
+        mode=mode, model=model, prompt=prompt, seed=seed, steps=caps.default_steps,
         guidance_scale=caps.default_guidance, width=caps.default_width,
         height=caps.default_height, num_frames=caps.default_frames if video else 1,
         fps=caps.default_fps, **fields)
 
 
-def build_samples(mode: str, n: int, caps, seed: int = 0) -> list[Sample]:
+def build_samples(mode: str, n: int, caps, seed: int = 0, model: str = MODEL) -> list[Sample]:
     """``n`` evaluation jobs of ``mode`` (one of :data:`MODES`) for a model with ``caps``.
 
     Raises:
@@ -102,11 +102,11 @@ def build_samples(mode: str, n: int, caps, seed: int = 0) -> list[Sample]:
     out = []
     for i, (caption, spec) in enumerate(prompts):
         if mode in ("t2i", "t2v"):
-            out.append(Sample(_request(caps, mode, caption, i), {}, spec))
+            out.append(Sample(_request(caps, mode, caption, i, model), {}, spec))
         elif mode == "i2v":
             first = world.render_clip(spec, frames, h, w, rng)[0]
             ref = _media(first, f"world render of {caption!r}, frame 0")
-            out.append(Sample(_request(caps, mode, caption, i, first_frame=ref),
+            out.append(Sample(_request(caps, mode, caption, i, model, first_frame=ref),
                               {ref.content_id: first}, spec, given=first))
         elif mode == "r2v":
             ref_pixels = reference_image(spec, rng)
@@ -114,7 +114,8 @@ def build_samples(mode: str, n: int, caps, seed: int = 0) -> list[Sample]:
                 raise ValueError(f"reference: {ref_pixels.shape[:2]} is not the model's {h}x{w}")
             ref = _media(ref_pixels, "world render of the object alone")
             obj = spec.objects[0]
-            out.append(Sample(_request(caps, mode, anonymise(caption), i, references=(ref,)),
+            out.append(Sample(_request(caps, mode, anonymise(caption), i, model,
+                                                references=(ref,)),
                               {ref.content_id: ref_pixels}, spec, given=ref_pixels,
                               reference_object=(obj.colour, obj.shape)))
         else:  # i2i: the same scene with the object recoloured; the prompt asks for its colour
@@ -125,7 +126,7 @@ def build_samples(mode: str, n: int, caps, seed: int = 0) -> list[Sample]:
                 dataclasses.replace(obj, colour=str(rng.choice(others))),))
             init = world.render_image(before, h, w, rng)
             ref = _media(init, "world render with the object recoloured")
-            out.append(Sample(_request(caps, mode, caption, i, init_image=ref,
+            out.append(Sample(_request(caps, mode, caption, i, model, init_image=ref,
                                        strength=I2I_STRENGTH),
                               {ref.content_id: init}, spec, given=init))
     return out
@@ -215,7 +216,7 @@ def bars(modes: dict[str, dict], speed: dict[str, float] | None) -> list[dict]:
     return rows
 
 
-def measure_speed(make_executor, caps, runs: int) -> dict[str, float]:
+def measure_speed(make_executor, caps, runs: int, model: str = MODEL) -> dict[str, float]:
     """Seconds: ``load_with_imports`` (the first job's ``load`` stage in this process, which
     also imports the pipeline's diffusers modules), ``load`` (the median ``load`` stage of
     ``runs`` fresh executors after that: weights from disk to a ready runner), and the median
@@ -228,15 +229,15 @@ def measure_speed(make_executor, caps, runs: int) -> dict[str, float]:
 
     caption, _ = world.eval_prompts(1, "t2i", 0)[0]
     out: dict[str, float] = {}
-    _, timings = run_job(make_executor(), _request(caps, "t2i", caption, 0), {})
+    _, timings = run_job(make_executor(), _request(caps, "t2i", caption, 0, model), {})
     out["load_with_imports"] = timings.get("load", 0.0)
     out["load"] = statistics.median(
-        run_job(make_executor(), _request(caps, "t2i", caption, 0), {})[1].get("load", 0.0)
+        run_job(make_executor(), _request(caps, "t2i", caption, 0, model), {})[1].get("load", 0.0)
         for _ in range(max(runs, 1)))
     executor = make_executor()
     for mode in ("t2i", "t2v"):
-        run_job(executor, _request(caps, mode, caption, 0), {})  # warm-up
-        totals = [run_job(executor, _request(caps, mode, caption, r), {})[1]["total"]
+        run_job(executor, _request(caps, mode, caption, 0, model), {})  # warm-up
+        totals = [run_job(executor, _request(caps, mode, caption, r, model), {})[1]["total"]
                   for r in range(runs)]
         out[mode] = statistics.median(totals)
     return out
@@ -280,6 +281,8 @@ ATTRS = ("background", "count", "colour", "shape", "size", "position", "motion")
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench model", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=MODEL, help="model id or folder (default: the embedded "
+                    "model)")
     ap.add_argument("--prompts", type=int, default=200, help="evaluation prompts per mode (>=1)")
     ap.add_argument("--modes", default=",".join(MODES), help="comma list of " + ", ".join(MODES))
     ap.add_argument("--runs", type=int, default=5, help="timed jobs per speed figure (0: none)")
@@ -301,17 +304,17 @@ def main(argv: list[str]) -> int:
 
     torch.set_num_threads(args.threads)
     registry = ModelRegistry(include_hf_cache=False)
-    entry = registry.resolve(MODEL)
+    entry = registry.resolve(args.model)
     caps = entry.capabilities
     def make_executor():
         return JobExecutor(registry, torch.device("cpu"))
 
     started = time.time()
-    speed = measure_speed(make_executor, caps, args.runs) if args.runs else None
+    speed = measure_speed(make_executor, caps, args.runs, entry.model_id) if args.runs else None
     executor = make_executor()
     results: dict[str, dict] = {}
     for mode in modes:
-        samples = build_samples(mode, args.prompts, caps)
+        samples = build_samples(mode, args.prompts, caps, model=entry.model_id)
         t0 = time.time()
         outputs = [run_job(executor, s.request, s.inputs)[0] for s in samples]
         results[mode] = score(mode, samples, outputs)

@@ -58,6 +58,11 @@ log = logging.getLogger(__name__)
 CLOSED_MESSAGE = "The studio was closed while this was generating. Retry to run it again."
 EngineFactory = Callable[[], Engine]
 
+# engine notes about the request's own input (ignored words, a negative prompt without CFG,
+# an input image fitted to the model's size), shown to the user when the result arrives
+INPUT_NOTE_PREFIXES = ("prompt:", "negative prompt:", "size:", "first_frame:", "init_image:",
+                       "references", "FLUX.1 ignores", "FLUX.2 is guidance-distilled")
+
 
 @dataclass
 class _Job:
@@ -451,7 +456,10 @@ class StudioController(QObject):
         # The engine's copy of the request names the exact weights (model_hash) even when the
         # draft was queued before the studio had hashed them; exports embed this copy.
         extra = {"fps": event.fps, "environment": event.environment, "timings": event.timings,
-                 "request_json": event.request_json}
+                 "request_json": event.request_json, "notes": list(event.notes)}
+        # what the model ignored of the user's input is said at once; the rest (what the
+        # levers did) stays with the result
+        about_input = [n for n in event.notes if n.startswith(INPUT_NOTE_PREFIXES)]
         media = self.project.media
 
         def stage() -> StagedMedia:
@@ -474,6 +482,8 @@ class StudioController(QObject):
                 self._save_failed(vid, exc)
                 return
             self.resultSaved.emit(vid)
+            if about_input:
+                self.notice.emit("Note: " + "; ".join(about_input), False)
 
         def error(exc: BaseException) -> None:
             self._saving.pop(vid, None)

@@ -237,3 +237,22 @@ def test_an_engine_crash_fails_the_job_and_the_studio_stays_up(tmp_path, loop, m
     w.close()
     run(loop, w.shutdown())
     project.close()
+
+
+def test_what_the_model_ignores_of_the_prompt_is_said_when_the_result_arrives(
+        tmp_path, loop, make_window):
+    project = Project.create(tmp_path / "project")
+    w = make_window(project)
+    notices: list[tuple[str, bool]] = []
+    w.controller.notice.connect(lambda text, error: notices.append((text, error)))
+    fill_prompt(w, "a rouge circle on grass", seed=3)
+    fast_image_settings(w)
+    [vid] = w.generate()
+    doc = project.document
+    run(loop, until(lambda: doc.variant(vid).status == Status.DONE, 90, "t2i done"))
+    run(loop, until(lambda: notices, 10, "the note"))
+    assert notices == [("Note: prompt: this model does not know \u201crouge\u201d; read as an "
+                        "unknown word", False)]
+    w.close()
+    run(loop, w.shutdown())
+    project.close()
