@@ -102,10 +102,10 @@ def run_flux(pipe, seed=0, steps=8):
                 width=32, num_inference_steps=steps, output_type="np").images[0]
 
 
-def count_deep_attention(transformer) -> list[int]:
-    """Counts forward calls of the attention inside every block after the first."""
+def count_attention(blocks) -> list[int]:
+    """Counts forward calls of the self-attention inside ``blocks``."""
     counter = [0]
-    for block in transformer_blocks(transformer)[1:]:
+    for block in blocks:
         attn = getattr(block, "attn1", None) or block.attn
         attn.register_forward_pre_hook(lambda *_: counter.__setitem__(0, counter[0] + 1))
     return counter
@@ -125,42 +125,18 @@ def test_threshold_zero_is_bit_identical_to_no_cache(wan, flux):
 
 
 @pytest.mark.parametrize("name", ["wan", "flux"])
-def test_skipped_steps_do_not_run_the_deep_blocks(name, wan, flux):
+@SCHEDULES
+def test_skipped_steps_do_not_run_the_blocks(name, config, wan, flux):
+    """A skipped call runs none of the deep blocks; on the input signal not even the first."""
     pipe, run = (wan, run_wan) if name == "wan" else (flux, run_flux)
     model = copy.deepcopy(pipe.transformer)
     original, pipe.transformer = pipe.transformer, model
+    blocks = transformer_blocks(model)
+    counted = blocks if config.signal == "input" else blocks[1:]
     try:
         base = run(pipe)
-        counter = count_deep_attention(model)
-        stats = apply_step_cache(model, ALTERNATE)
-        out = run(pipe)
-    finally:
-        pipe.transformer = original
-    deep_blocks = len(transformer_blocks(model)) - 1
-    assert stats.skipped_calls > 0
-    # every full call runs each deep block's attention once; skipped calls run none
-    assert counter[0] == stats.full_calls * deep_blocks
-    assert np.isfinite(out).all() and not np.array_equal(out, base)
-
-
-def count_all_attention(transformer) -> list[int]:
-    """Counts forward calls of the self-attention of every block, the first included."""
-    counter = [0]
-    for block in transformer_blocks(transformer):
-        attn = getattr(block, "attn1", None) or block.attn
-        attn.register_forward_pre_hook(lambda *_: counter.__setitem__(0, counter[0] + 1))
-    return counter
-
-
-@pytest.mark.parametrize("name", ["wan", "flux"])
-def test_on_the_input_signal_a_skipped_step_runs_no_block(name, wan, flux):
-    pipe, run = (wan, run_wan) if name == "wan" else (flux, run_flux)
-    model = copy.deepcopy(pipe.transformer)
-    original, pipe.transformer = pipe.transformer, model
-    try:
-        base = run(pipe)
-        counter = count_all_attention(model)
-        stats = apply_step_cache(model, ALTERNATE_INPUT)
+        counter = count_attention(counted)
+        stats = apply_step_cache(model, config)
         out = run(pipe)
         attention_calls = counter[0]
         remove_step_cache(model)
@@ -168,7 +144,8 @@ def test_on_the_input_signal_a_skipped_step_runs_no_block(name, wan, flux):
     finally:
         pipe.transformer = original
     assert stats.skipped_calls > 0
-    assert attention_calls == stats.full_calls * len(transformer_blocks(model))
+    # every full call runs each counted block's attention once; skipped calls run none
+    assert attention_calls == stats.full_calls * len(counted)
     assert np.isfinite(out).all() and not np.array_equal(out, base)
 
 

@@ -326,17 +326,13 @@ class _ProbeHook(ModelHook):
             return output
         if not self.segment_has_deep_blocks:
             return output
-        hs_res, enc_res = _forecast_segment(state, 0, self.config.order)
-        hidden = hidden + hs_res
-        if encoder is not None and enc_res is not None:
-            encoder = encoder + enc_res
+        hidden, encoder = _plus_segment_forecast(state, self.config.order, hidden, encoder)
         return _join(output, meta, hidden, encoder)
 
     @torch.compiler.disable
     def _decide(self, state: _TrajectoryState, residual: torch.Tensor) -> bool:
         cfg = self.config
-        if cfg.threshold <= 0 or state.timestep is None or len(state.times) < max(
-                1, cfg.warmup_steps) or state.consecutive_skips >= cfg.max_consecutive_skips:
+        if self._must_compute(state):
             return self._full(state)
         if state.probe_residuals[-1].shape != residual.shape:
             state.reset()
@@ -347,6 +343,12 @@ class _ProbeHook(ModelHook):
             return self._full(state)
         state.consecutive_skips += 1
         return False
+
+    def _must_compute(self, state: _TrajectoryState) -> bool:
+        """Off, no timestep to forecast in, still warming up, or skipped enough in a row."""
+        cfg = self.config
+        return cfg.threshold <= 0 or state.timestep is None or len(state.times) < max(
+            1, cfg.warmup_steps) or state.consecutive_skips >= cfg.max_consecutive_skips
 
     @staticmethod
     def _full(state: _TrajectoryState) -> bool:
@@ -390,19 +392,14 @@ class _ProbeHook(ModelHook):
             encoder = encoder + _forecast_list(state.times, state.probe_encoder_residuals,
                                                state.timestep, order)
         if self.segment_has_deep_blocks:
-            hs_res, enc_res = _forecast_segment(state, 0, order)
-            hidden = hidden + hs_res
-            if encoder is not None and enc_res is not None:
-                encoder = encoder + enc_res
+            hidden, encoder = _plus_segment_forecast(state, order, hidden, encoder)
         return _join(None, meta, hidden, encoder)
 
     @torch.compiler.disable
     def _decide_on_input(self, state: _TrajectoryState, signal: torch.Tensor) -> bool:
         cfg = self.config
         previous, state.previous_signal = state.previous_signal, signal
-        if cfg.threshold <= 0 or state.timestep is None or len(state.times) < max(
-                1, cfg.warmup_steps) or state.consecutive_skips >= cfg.max_consecutive_skips \
-                or previous is None:
+        if self._must_compute(state) or previous is None:
             return self._full(state)
         if previous.shape != signal.shape or state.probe_residuals[-1] is None:
             state.reset()
@@ -471,6 +468,15 @@ def _forecast_segment(state: _TrajectoryState, segment: int, order: int):
     if history[-1][1] is not None:
         enc = _forecast_list(state.times, [r[1] for r in history], state.timestep, order)
     return hs, enc
+
+
+def _plus_segment_forecast(state: _TrajectoryState, order: int, hidden: torch.Tensor,
+                           encoder: torch.Tensor | None):
+    """(hidden, encoder) plus segment 0's forecast residual of each stream it has."""
+    hs_res, enc_res = _forecast_segment(state, 0, order)
+    if encoder is not None and enc_res is not None:
+        encoder = encoder + enc_res
+    return hidden + hs_res, encoder
 
 
 def _inputs(meta: TransformerBlockMetadata, args, kwargs):
