@@ -246,7 +246,8 @@ def ours(profile: str, config=None, tuning: dict | None = None) -> Method:
         remove_cfg_reuse(t)
         remove_step_cache(t)
 
-    setting = f"threshold {cfg.threshold:g}, order {cfg.order}, ≤{cfg.max_consecutive_skips} skips"
+    setting = (f"{cfg.signal} signal, threshold {cfg.threshold:g}, order {cfg.order}, "
+               f"≤{cfg.max_consecutive_skips} skips")
     if reuse is not None:
         setting += f"; uncond every {reuse.interval} steps after {reuse.warmup_steps}"
     return Method(f"ours/{profile}", "ours", setting, setup=setup, teardown=teardown)
@@ -406,13 +407,16 @@ class Runner:
         self.baseline_out: np.ndarray | None = None
         self.flops_per_call: float = 1.0
 
-    def once(self, method: Method) -> tuple[np.ndarray, float, float, int]:
-        """(output, denoiser flops, seconds, peak RSS bytes) of one run."""
+    def once(self, method: Method, count: bool = True) -> tuple[np.ndarray, float, float, int]:
+        """(output, denoiser flops, seconds, peak RSS bytes) of one run. With ``count`` the
+        work is counted (:class:`DenoiserWork` intercepts every torch call in Python, which
+        slows a small model down: such a run's seconds are not a latency); without it the
+        flops are 0."""
         case, t = self.case, self.case.pipe.transformer
         if method.setup:
             method.setup(t)
         try:
-            counter = DenoiserWork(t)
+            counter = DenoiserWork(t) if count else contextlib.nullcontext()
             with PeakRss() as rss, counter:
                 t0 = time.perf_counter()
                 out = case.call(case.pipe, case.prompts, 0, method.steps or case.steps)
@@ -420,22 +424,27 @@ class Runner:
         finally:
             if method.teardown:
                 method.teardown(t)
-        return out, counter.flops, seconds, rss.peak
+        return out, counter.flops if count else 0.0, seconds, rss.peak
 
     def units(self, method: Method) -> tuple[float, np.ndarray]:
         out, flops, _, _ = self.once(method)
         return flops / self.flops_per_call, out
 
     def measure(self, method: Method) -> dict:
-        times, out, flops, peak = [], None, 0.0, 0
-        for _ in range(self.runs):
-            out, flops, seconds, rss = self.once(method)
+        out, flops, _, peak = self.once(method)  # the work and the output
+        times, repeatable = [], True
+        for _ in range(self.runs):  # the latency: timed without the work counter
+            timed, _, seconds, rss = self.once(method, count=False)
+            repeatable &= bool(np.array_equal(timed, out))
             times.append(seconds)
             peak = max(peak, rss)
+        if not repeatable:  # state leaking between runs would show here
+            print(f"  warning: {method.name}: a timed run's output differs from the first run's",
+                  flush=True)
         row = {"case": self.case.name, "method": method.name, "kind": method.kind,
                "setting": method.setting, "latency_s": statistics.median(times),
                "latencies_s": [round(x, 4) for x in times], "peak_rss_mb": peak / 2**20,
-               "denoiser_gflop": flops / 1e9, **method.info}
+               "denoiser_gflop": flops / 1e9, "repeatable": repeatable, **method.info}
         if self.baseline is None:  # the baseline: one full denoiser call = this many
             self.baseline_out = out
             self.flops_per_call = flops / (self.case.steps * self.case.denoiser_calls_per_step)
@@ -562,7 +571,7 @@ def rebase(runner: Runner, rows: list[dict]) -> None:
     against the median of all the baseline's runs, so a disturbance while the baseline was
     first timed does not skew every ratio of the case."""
     base = rows[0]
-    again = [runner.once(Method("baseline", "baseline", "stock diffusers"))[2]
+    again = [runner.once(Method("baseline", "baseline", "stock diffusers"), count=False)[2]
              for _ in range(runner.runs)]
     base["latencies_s"] = base["latencies_s"] + [round(x, 4) for x in again]
     base["latency_s"] = statistics.median(base["latencies_s"])
