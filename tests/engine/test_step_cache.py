@@ -307,3 +307,20 @@ def test_performance_doc_holds_the_current_profile_table():
 
     doc = (REPO_ROOT / "docs" / "PERFORMANCE.md").read_text()
     assert profile_table() in doc, "regenerate with: python -m studio.engine.profiles"
+
+
+@pytest.mark.parametrize("order,warmup", [(0, 2), (0, 4), (1, 3), (2, 5)])
+def test_the_warm_up_counts_full_steps_not_the_forecast_history(wan, order, warmup):
+    """The history keeps order + 1 full steps; a longer warm-up must still end (it once did
+    not: order 0, or the quality profile's warm-up 3 at order 1, never skipped)."""
+    model = wan.transformer
+    stats = apply_step_cache(model, StepCacheConfig(threshold=10.0, order=order,
+                                                    warmup_steps=warmup,
+                                                    max_consecutive_skips=1))
+    try:
+        run_wan(wan, steps=12)
+    finally:
+        remove_step_cache(model)
+    flags = [computed for context, _, _, computed in stats.decisions if context == "cond"]
+    assert flags[:warmup] == [True] * warmup
+    assert flags[warmup:] == [False, True] * ((12 - warmup) // 2) + [False] * (warmup % 2)

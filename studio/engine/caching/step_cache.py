@@ -130,6 +130,8 @@ class _TrajectoryState(BaseState):
         self.deep_residuals: list[dict[int, tuple[torch.Tensor, torch.Tensor | None]]] = []
         self.segment_inputs: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self.step_residuals: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self.full_steps = 0  # full steps recorded in this trajectory (the history keeps
+        # only the last order + 1 of them)
         self.timestep: float | None = None
         self.last_timestep: float | None = None
         self.accumulated = 0.0
@@ -347,7 +349,7 @@ class _ProbeHook(ModelHook):
     def _must_compute(self, state: _TrajectoryState) -> bool:
         """Off, no timestep to forecast in, still warming up, or skipped enough in a row."""
         cfg = self.config
-        return cfg.threshold <= 0 or state.timestep is None or len(state.times) < max(
+        return cfg.threshold <= 0 or state.timestep is None or state.full_steps < max(
             1, cfg.warmup_steps) or state.consecutive_skips >= cfg.max_consecutive_skips
 
     @staticmethod
@@ -547,6 +549,7 @@ class _DeepBlockHook(ModelHook):
         if not self.is_last:
             return
         keep = self.config.order + 1
+        state.full_steps += 1
         state.times = (state.times + [state.timestep])[-keep:]
         state.probe_residuals = (state.probe_residuals + [state.probe_residual])[-keep:]
         state.probe_encoder_residuals = (state.probe_encoder_residuals

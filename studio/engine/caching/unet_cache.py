@@ -73,6 +73,7 @@ class _DeepHook(ModelHook):
             out = self.fn_ref.original_forward(*args, **kwargs)
             if self.kind == "deep-out":
                 keep = self.config.order + 1
+                state.full_steps += 1
                 state.times = (state.times + [state.timestep])[-keep:]
                 state.probe_residuals = (state.probe_residuals + [state.probe_residual])[-keep:]
                 state.deep_residuals = (state.deep_residuals + [(out, None)])[-keep:]
