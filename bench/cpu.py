@@ -12,7 +12,8 @@ Wan and Flux) this measures, in one process:
   nearest it reached, and a peer that skips no work at all is marked as doing nothing.
 
 Per configuration: end-to-end latency (median of ``--runs`` runs) and its ratio to the
-baseline, full denoiser computations (the denoiser's linear and attention multiply-adds
+baseline (the median over runs of a baseline run's time over the configuration's run right
+after it), full denoiser computations (the denoiser's linear and attention multiply-adds
 counted as they run, :class:`DenoiserWork`, in units of one full call), peak RSS above the process's level before the run, PSNR and SSIM of the
 uint8 output against the baseline output of the same seed, and, on the embedded model, the
 adherence accuracy per attribute from :mod:`studio.tiny.evaluate`.
@@ -400,6 +401,9 @@ def calibrate_mag_ratios(case: Case) -> list[float] | None:
 
 
 # -- running ------------------------------------------------------------------------------
+BASELINE = Method("baseline", "baseline", "stock diffusers")
+
+
 class Runner:
     def __init__(self, case: Case, runs: int, adherence_n: int):
         self.case, self.runs, self.adherence_n = case, runs, adherence_n
@@ -431,9 +435,16 @@ class Runner:
         return flops / self.flops_per_call, out
 
     def measure(self, method: Method) -> dict:
+        """One row: the work and output of a counted run, then ``runs`` timed runs, each
+        right after a timed baseline run once the baseline is known: the speed-up is the
+        median of those pairs' ratios, so a slow or fast spell of a shared machine (seen
+        here: the same configuration ±40 % from one minute to the next) hits both sides of
+        a pair rather than one configuration's whole measurement."""
         out, flops, _, peak = self.once(method)  # the work and the output
-        times, repeatable = [], True
+        times, base_times, repeatable = [], [], True
         for _ in range(self.runs):  # the latency: timed without the work counter
+            if self.baseline is not None:
+                base_times.append(self.once(BASELINE, count=False)[2])
             timed, _, seconds, rss = self.once(method, count=False)
             repeatable &= bool(np.array_equal(timed, out))
             times.append(seconds)
@@ -451,7 +462,9 @@ class Runner:
         row["full_denoiser_calls"] = round(flops / self.flops_per_call, 2)
         row["psnr_db"], row["ssim"] = psnr_ssim(out, self.baseline_out)
         if self.baseline is not None:
-            row["speedup"] = self.baseline["latency_s"] / row["latency_s"]
+            row["baseline_latencies_s"] = [round(x, 4) for x in base_times]
+            row["speedup"] = statistics.median(b / m for b, m in zip(base_times, times,
+                                                                     strict=True))
             row["work_ratio"] = self.baseline["full_denoiser_calls"] / max(
                 row["full_denoiser_calls"], 1e-9)
         else:
@@ -518,7 +531,7 @@ def match(runner: Runner, make: Callable[[float], Method], grid: list[float],
 def run_case(case: Case, runs: int, adherence_n: int, peers: tuple[str, ...]) -> list[dict]:
     print(f"[{case.name}] {case.steps} steps", flush=True)
     runner = Runner(case, runs, adherence_n)
-    rows = [runner.measure(Method("baseline", "baseline", "stock diffusers"))]
+    rows = [runner.measure(BASELINE)]
     runner.baseline = rows[0]
     mag_ratios = calibrate_mag_ratios(case) if "mag-cache" in peers else None
     full = rows[0]["full_denoiser_calls"]
@@ -562,24 +575,7 @@ def run_case(case: Case, runs: int, adherence_n: int, peers: tuple[str, ...]) ->
                 row["status"] = (f"unmatched: nearest {row['full_denoiser_calls']:.1f} calls "
                                  f"vs {target:.1f}")
             rows.append(row)
-    rebase(runner, rows)
     return rows
-
-
-def rebase(runner: Runner, rows: list[dict]) -> None:
-    """Times the baseline again after every configuration and recomputes each row's speed-up
-    against the median of all the baseline's runs, so a disturbance while the baseline was
-    first timed does not skew every ratio of the case."""
-    base = rows[0]
-    again = [runner.once(Method("baseline", "baseline", "stock diffusers"), count=False)[2]
-             for _ in range(runner.runs)]
-    base["latencies_s"] = base["latencies_s"] + [round(x, 4) for x in again]
-    base["latency_s"] = statistics.median(base["latencies_s"])
-    for row in rows[1:]:
-        if "latency_s" in row:
-            row["speedup"] = base["latency_s"] / row["latency_s"]
-    print(f"  baseline again: {statistics.median(again):.3f}s; speed-ups against the median of "
-          f"all {len(base['latencies_s'])} baseline runs ({base['latency_s']:.3f}s)", flush=True)
 
 
 def _status_row(case: Case, peer: str, status: str) -> dict:
