@@ -148,14 +148,6 @@ def run_job(executor, request, inputs) -> tuple[np.ndarray, dict[str, float]]:
     return done.frames, dict(done.timings)
 
 
-def _psnr(a: np.ndarray, b: np.ndarray) -> float:
-    from skimage.metrics import peak_signal_noise_ratio
-
-    if np.array_equal(a, b):
-        return float("inf")
-    return float(peak_signal_noise_ratio(a, b, data_range=255))
-
-
 def score(mode: str, samples: list[Sample], outputs: list[np.ndarray]) -> dict:
     """The report of one mode: per-attribute accuracy (and chance level), with the first-frame
     PSNR for ``i2v`` and the colour+shape match for ``r2v``."""
@@ -174,7 +166,9 @@ def score(mode: str, samples: list[Sample], outputs: list[np.ndarray]) -> dict:
               "chance": {k: v for k, v in report.chance.items() if k in accuracy},
               "counts": {k: v for k, v in report.counts.items() if k in accuracy}}
     if mode == "i2v":
-        psnrs = [_psnr(o[0], s.given) for o, s in zip(outputs, samples, strict=True)]
+        from bench.cpu import psnr_ssim
+
+        psnrs = [psnr_ssim(o[0], s.given)[0] for o, s in zip(outputs, samples, strict=True)]
         finite = [min(p, 99.0) for p in psnrs]
         result["first_frame_psnr_db"] = {"mean": float(np.mean(finite)),
                                          "median": float(np.median(finite)),

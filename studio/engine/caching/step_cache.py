@@ -36,6 +36,7 @@ ICCV 2025) for forecasting features instead of reusing them.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 
@@ -443,7 +444,7 @@ def modulated_input(block: torch.nn.Module, args, kwargs, hidden: torch.Tensor) 
                 shift, scale = (table + temb.float()).chunk(6, dim=1)[:2]
             return norm1(hidden.float()) * (1 + scale) + shift
         if temb is not None and norm1 is not None and \
-                "emb" in inspect.signature(type(norm1).forward).parameters:
+                "emb" in _forward_parameters(type(norm1)):
             out = norm1(hidden, emb=temb)
             return (out[0] if isinstance(out, tuple) else out).float()
     except (RuntimeError, ValueError, TypeError):
@@ -451,9 +452,15 @@ def modulated_input(block: torch.nn.Module, args, kwargs, hidden: torch.Tensor) 
     return hidden.float()
 
 
+@functools.cache
+def _forward_parameters(cls: type) -> tuple[str, ...]:
+    """The names of ``cls.forward``'s parameters after ``self`` (read once per class: the
+    input signal asks on every denoiser call)."""
+    return tuple(inspect.signature(cls.forward).parameters)[1:]
+
+
 def _bound_arguments(block: torch.nn.Module, args, kwargs) -> dict:
-    params = list(inspect.signature(type(block).forward).parameters)[1:]
-    return dict(zip(params, args, strict=False)) | kwargs
+    return dict(zip(_forward_parameters(type(block)), args, strict=False)) | kwargs
 
 
 def _forecast_list(times, values, at, order):
