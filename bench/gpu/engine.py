@@ -1,12 +1,15 @@
 """``python -m bench.gpu.engine``: the engine's GPU levers on full-size denoisers, timed.
 
-Random-weight Wan 2.1 (1.3B config, 480p x 81 frames) and FLUX.1 (12B config, 1024²)
-transformers built directly on the GPU in bf16; one denoiser forward each, timed with CUDA
-events (median), for:
+Random-weight Wan 2.1 (14B config: 40 layers, 40 heads x 128, ffn 13824; 480p x 81 frames,
+32,760 tokens) and FLUX.1 (12B, FLUX.1-dev config, 1024², 4,096 + 512 tokens) transformers
+built directly on the GPU in bf16; one denoiser forward (one denoising step of one CFG
+branch) each, timed with CUDA events (median), for:
 
 * attention: PyTorch SDPA (stock) vs our kernels routed in by ``studio.engine.attention``
   (``flash``, ``sage``; ``sparse`` on the video model), output cosine similarity to stock;
-* precision: torchao int8-dynamic / fp8-dynamic on the denoiser (if torchao imports);
+* precision: torchao int8-dynamic / fp8-dynamic on the denoiser (if torchao imports), alone
+  and with our attention: "ours", the per-step figure of issue 7, whose targets (Wan >= 1.4x,
+  Flux >= 1.5x stock bf16; no caching) are printed beside it with PASS/FAIL;
 * the step cache's overhead on a full step (hooks on, threshold 0: must be ~free);
 * the parallel code path at degree 1 (a 1-rank group: mesh, per-step cancel all-reduce and
   host sync), which must cost ≤ 3% of a step.
@@ -32,9 +35,11 @@ def log(msg: str) -> None:
     print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
-def cuda_time(fn, device: torch.device, reps: int = 5) -> float:
-    """Median seconds of ``fn()`` after one warm-up call."""
-    fn()
+def cuda_time(fn, device: torch.device, reps: int = 5, warm: bool = False) -> float:
+    """Median seconds of ``reps`` calls of ``fn()``, after one warm-up call unless ``warm``
+    (the caller has just called it)."""
+    if not warm:
+        fn()
     if device.type != "cuda":
         times = []
         for _ in range(reps):
@@ -54,36 +59,50 @@ def cuda_time(fn, device: torch.device, reps: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def models(device: torch.device, smoke: bool):
-    """(name, model, inputs) for the full-size (or, smoke, tiny) configs."""
+# Issue 7's per-step targets for "ours" (our attention kernels + fp8 GEMMs, no caching).
+PER_STEP_TARGETS = {"wan": 1.4, "flux": 1.5}
+
+
+def model_names(smoke: bool) -> list[str]:
+    return ["wan-tiny", "flux-tiny"] if smoke else ["wan-14b 480p x81", "flux-12b 1024²"]
+
+
+def build(name: str, device: torch.device):
+    """(model, inputs) for one of :func:`model_names`, built on ``device`` (bf16 on CUDA) so
+    that a full-size model never exists in float32 on the host."""
     from diffusers import FluxTransformer2DModel, WanTransformer3DModel
 
+    smoke = name.endswith("tiny")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(0)
     with torch.device(device):
         prev = torch.get_default_dtype()
         torch.set_default_dtype(dtype)
         try:
-            if smoke:
-                wan = WanTransformer3DModel(num_attention_heads=2, attention_head_dim=64,
-                                            in_channels=16, out_channels=16, text_dim=64,
-                                            freq_dim=64, ffn_dim=128, num_layers=2,
-                                            cross_attn_norm=True,
-                                            qk_norm="rms_norm_across_heads").eval()
-                flux = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1,
-                                              num_single_layers=1, attention_head_dim=64,
-                                              num_attention_heads=2, joint_attention_dim=32,
-                                              pooled_projection_dim=32, guidance_embeds=True,
-                                              axes_dims_rope=(16, 24, 24)).eval()
-                lat, tokens, text = (16, 3, 8, 12), 64, 16
+            if name.startswith("wan") and smoke:
+                model = WanTransformer3DModel(num_attention_heads=2, attention_head_dim=64,
+                                              in_channels=16, out_channels=16, text_dim=64,
+                                              freq_dim=64, ffn_dim=128, num_layers=2,
+                                              cross_attn_norm=True,
+                                              qk_norm="rms_norm_across_heads").eval()
+                lat, text = (16, 3, 8, 12), 16
+            elif name.startswith("wan"):  # Wan 2.1 T2V 14B
+                model = WanTransformer3DModel(num_attention_heads=40, attention_head_dim=128,
+                                              in_channels=16, out_channels=16, text_dim=4096,
+                                              freq_dim=256, ffn_dim=13824, num_layers=40,
+                                              cross_attn_norm=True,
+                                              qk_norm="rms_norm_across_heads").eval()
+                lat, text = (16, 21, 60, 104), 512  # 480x832, 81 frames: 32,760 tokens
+            elif smoke:
+                model = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1,
+                                               num_single_layers=1, attention_head_dim=64,
+                                               num_attention_heads=2, joint_attention_dim=32,
+                                               pooled_projection_dim=32, guidance_embeds=True,
+                                               axes_dims_rope=(16, 24, 24)).eval()
+                tokens, text = 64, 16
             else:
-                wan = WanTransformer3DModel(num_attention_heads=12, attention_head_dim=128,
-                                            in_channels=16, out_channels=16, text_dim=4096,
-                                            freq_dim=256, ffn_dim=8960, num_layers=30,
-                                            cross_attn_norm=True,
-                                            qk_norm="rms_norm_across_heads").eval()
-                flux = FluxTransformer2DModel(guidance_embeds=True).eval()  # FLUX.1-dev config
-                lat, tokens, text = (16, 21, 60, 104), 4096, 512
+                model = FluxTransformer2DModel(guidance_embeds=True).eval()  # FLUX.1-dev
+                tokens, text = 4096, 512
         finally:
             torch.set_default_dtype(prev)
     g = torch.Generator(device="cpu").manual_seed(1)
@@ -91,19 +110,20 @@ def models(device: torch.device, smoke: bool):
     def rand(*shape):
         return torch.randn(*shape, generator=g).to(device, dtype)
 
-    wan_in = dict(hidden_states=rand(1, *lat), timestep=torch.tensor([500.0], device=device),
-                  encoder_hidden_states=rand(1, 512 if not smoke else 16,
-                                             wan.config.text_dim), return_dict=False)
-    fc = flux.config
-    flux_in = dict(hidden_states=rand(1, tokens, fc.in_channels),
-                   encoder_hidden_states=rand(1, text, fc.joint_attention_dim),
-                   pooled_projections=rand(1, fc.pooled_projection_dim),
-                   timestep=torch.tensor([0.5], device=device, dtype=dtype),
-                   img_ids=torch.zeros(tokens, 3, device=device),
-                   txt_ids=torch.zeros(text, 3, device=device),
-                   guidance=torch.tensor([3.5], device=device, dtype=dtype), return_dict=False)
-    return [("wan-1.3b 480p x81" if not smoke else "wan-tiny", wan, wan_in),
-            ("flux-12b 1024²" if not smoke else "flux-tiny", flux, flux_in)]
+    if name.startswith("wan"):
+        return model, dict(hidden_states=rand(1, *lat),
+                           timestep=torch.tensor([500.0], device=device),
+                           encoder_hidden_states=rand(1, text, model.config.text_dim),
+                           return_dict=False)
+    fc = model.config
+    return model, dict(hidden_states=rand(1, tokens, fc.in_channels),
+                       encoder_hidden_states=rand(1, text, fc.joint_attention_dim),
+                       pooled_projections=rand(1, fc.pooled_projection_dim),
+                       timestep=torch.tensor([0.5], device=device, dtype=dtype),
+                       img_ids=torch.zeros(tokens, 3, device=device),
+                       txt_ids=torch.zeros(text, 3, device=device),
+                       guidance=torch.tensor([3.5], device=device, dtype=dtype),
+                       return_dict=False)
 
 
 def degree_one_rank_group(device: torch.device):
@@ -146,83 +166,93 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 def main(argv: list[str] | None = None) -> int:
     from studio.engine.attention import AttentionConfig, apply_attention, remove_attention
     from studio.engine.caching import StepCacheConfig, apply_step_cache, remove_step_cache
+    from studio.engine.precision import apply_precision, precision_supported
 
     ap = argparse.ArgumentParser(prog="python -m bench.gpu.engine")
     ap.add_argument("--cpu-smoke", action="store_true")
     ap.add_argument("--json", default="")
+    ap.add_argument("--reps", type=int, default=3, help="timed forwards per figure (median)")
     args = ap.parse_args(argv)
     device = torch.device("cpu" if args.cpu_smoke or not torch.cuda.is_available() else "cuda")
+    precision = ("fp8-dynamic" if precision_supported("fp8-dynamic", device) is None
+                 else "int8-dynamic")
     rows = []
+
+    def timed(name, lever, fwd, stock, base_s, **extra):
+        try:
+            out = fwd().clone()  # also the warm-up
+            seconds = cuda_time(fwd, device, args.reps, warm=True)
+            row = dict(model=name, lever=lever, ms=seconds * 1e3, speedup=base_s / seconds,
+                       cosine=cosine(out, stock), **extra)
+            log(f"{name}: {lever} {seconds * 1e3:.1f} ms cos {row['cosine']:.5f}")
+        except Exception as exc:  # report and go on: device time is scarce
+            row = dict(model=name, lever=lever, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+            log(f"{name}: {lever} failed: {row['error']}")
+        rows.append(row)
+        return row
+
     with torch.inference_mode():
-        for name, model, inputs in models(device, args.cpu_smoke):
+        for name in model_names(args.cpu_smoke):
+            model, inputs = build(name, device)
+            log(f"{name}: built")
+
             def fwd(model=model, inputs=inputs):
                 return model(**inputs)[0]
 
-            stock = fwd().clone()
-            base_s = cuda_time(fwd, device)
+            stock = fwd().clone()  # the first call pays one-time set-up: warm up once more
+            base_s = cuda_time(fwd, device, args.reps)
             rows.append(dict(model=name, lever="stock (SDPA)", ms=base_s * 1e3, speedup=1.0,
                              cosine=1.0))
             log(f"{name}: stock {base_s * 1e3:.1f} ms")
-            kernels = ["flash", "sage"] + (["sparse"] if name.startswith("wan") else [])
+            video = name.startswith("wan")
+            kernels = ["flash", "sage"] + (["sparse"] if video else [])
             for kernel in kernels:
-                try:
-                    stats = apply_attention(model, AttentionConfig(kernel=kernel))
-                    out = fwd().clone()
-                    seconds = cuda_time(fwd, device)
-                    rows.append(dict(model=name, lever=f"attention {kernel}", ms=seconds * 1e3,
-                                     speedup=base_s / seconds, cosine=cosine(out, stock),
-                                     calls=dict(stats)))
-                    log(f"{name}: {kernel} {seconds * 1e3:.1f} ms cos {cosine(out, stock):.5f}")
-                except Exception as exc:  # report and go on: time is scarce
-                    rows.append(dict(model=name, lever=f"attention {kernel}",
-                                     error=f"{type(exc).__name__}: {str(exc)[:200]}"))
-                finally:
-                    remove_attention(model)
+                stats = apply_attention(model, AttentionConfig(
+                    kernel=kernel, sparse_inner="sage" if kernel == "sparse" else "flash"))
+                timed(name, f"attention {kernel}", fwd, stock, base_s, calls=dict(stats))
+                remove_attention(model)
             apply_step_cache(model, StepCacheConfig(threshold=0.0))
-            seconds = cuda_time(fwd, device)
+            timed(name, "step cache hooks (threshold 0)", fwd, stock, base_s)
             remove_step_cache(model)
-            rows.append(dict(model=name, lever="step cache hooks (threshold 0)",
-                             ms=seconds * 1e3, speedup=base_s / seconds, cosine=1.0))
-            per_step = degree_one_rank_group(device)
+            # the rank-group overhead is per step, not per model: timed on the smaller one
+            per_step = degree_one_rank_group(device) if not video else None
 
             def fwd_in_group(fwd=fwd, per_step=per_step):
                 per_step()
                 return fwd()
 
-            out = fwd_in_group().clone()
-            seconds = cuda_time(fwd_in_group, device)
-            rows.append(dict(model=name, lever="parallel path at degree 1 (rank group)",
-                             ms=seconds * 1e3, speedup=base_s / seconds,
-                             cosine=cosine(out, stock),
-                             note="overhead " + f"{(seconds / base_s - 1) * 100:+.1f}%"))
-            log(f"{name}: degree-1 rank group {seconds * 1e3:.1f} ms")
-
             def fwd_agreeing(fwd=fwd, per_step=per_step):
                 per_step(collective=True)
                 return fwd()
 
-            seconds = cuda_time(fwd_agreeing, device)
-            rows.append(dict(model=name, lever="per-step cancel all-reduce (2+ ranks)",
-                             ms=seconds * 1e3, speedup=base_s / seconds, cosine=1.0,
-                             note="overhead " + f"{(seconds / base_s - 1) * 100:+.1f}%"))
-            log(f"{name}: with the cancel all-reduce {seconds * 1e3:.1f} ms")
-        from studio.engine.precision import apply_precision, precision_supported
-
-        precision = ("fp8-dynamic" if precision_supported("fp8-dynamic", device) is None
-                     else "int8-dynamic")
-        for name, model, inputs in models(device, args.cpu_smoke)[1:]:  # flux, rebuilt
-            # the transform is in place: one precision per model build
+            for lever, f in (("parallel path at degree 1 (rank group)", fwd_in_group),
+                             ("per-step cancel all-reduce (2+ ranks)", fwd_agreeing)
+                             ) if per_step else ():
+                row = timed(name, lever, f, stock, base_s)
+                if "ms" in row:
+                    row["note"] = f"overhead {(row['ms'] / (base_s * 1e3) - 1) * 100:+.1f}%"
+            # precision last: torchao transforms the weights in place
             try:
                 note = apply_precision(model, precision, device)
-                out = model(**inputs)[0]
-                seconds = cuda_time(lambda m=model, i=inputs: m(**i)[0], device)
-                rows.append(dict(model=name, lever=f"precision {precision}",
-                                 ms=seconds * 1e3, speedup=base_s / seconds,
-                                 cosine=cosine(out, stock), note=note))
-                log(f"{name}: {precision} {seconds * 1e3:.1f} ms")
             except Exception as exc:
                 rows.append(dict(model=name, lever=f"precision {precision}",
                                  error=f"{type(exc).__name__}: {str(exc)[:200]}"))
+            else:
+                timed(name, f"precision {precision}", fwd, stock, base_s, note=note)
+                target = PER_STEP_TARGETS["wan" if video else "flux"]
+                for kernel in ["sage"] + (["sparse"] if video else []):
+                    stats = apply_attention(model, AttentionConfig(
+                        kernel=kernel, sparse_inner="sage"))
+                    row = timed(name, f"ours: attention {kernel} + {precision}", fwd, stock,
+                                base_s, calls=dict(stats))
+                    remove_attention(model)
+                    if "ms" in row:
+                        ok = row["speedup"] >= target
+                        row["note"] = (f"issue 7 target x{target:.1f}: "
+                                       f"{'PASS' if ok else 'FAIL'}")
+            del model, inputs, stock
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     print("| model | lever | ms | speed-up | cosine vs stock | note |")
     print("|---|---|---|---|---|---|")
     for r in rows:
@@ -230,10 +260,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {r['model']} | {r['lever']} | | | | {r['error']} |")
         else:
             print(f"| {r['model']} | {r['lever']} | {r['ms']:.1f} | ×{r['speedup']:.2f} | "
-                  f"{r['cosine']:.5f} | {r.get('note', '')} |")
+                  f"{r['cosine']:.6f} | {r.get('note', '')} |")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"device": str(device), "rows": rows}, fh, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(device) if device.type == "cuda"
+                       else "cpu", "rows": rows}, fh, indent=1)
     return 0
 
 

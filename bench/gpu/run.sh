@@ -23,5 +23,5 @@ if ls bench/gpu/wheels/*.whl >/dev/null 2>&1 && ! "$PY" -c "import diffusers" 2>
 fi
 smoke=()
 [[ " $* " == *" --cpu-smoke "* ]] && smoke=(--cpu-smoke)
-"$PY" -m bench.gpu.kernels --budget-s 150 "${args[@]}"
+"$PY" -m bench.gpu.kernels --budget-s 120 "${args[@]}"
 "$PY" -m bench.gpu.engine "${smoke[@]}" ${OUT:+--json "$OUT/engine-gpu.json"}

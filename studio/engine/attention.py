@@ -51,6 +51,8 @@ class AttentionConfig:
             each video token attends to (``sparse`` only).
         sparse_inner: ``flash`` or ``sage``: what non-video-self-attention calls run.
         block: the sparse kernel's query/key block size in tokens (16, 32, 64 or 128).
+        pv_fp8: ``sage``'s P·V in FP8 e4m3 (True), in 16 bits (False), or the device's
+            default (None: FP8 on CUDA compute capability >= 8.9).
 
     Raises:
         ValueError: (at construction) a field out of range, naming it.
@@ -60,6 +62,7 @@ class AttentionConfig:
     sparse_window: tuple[int, int, int] = (1, 4, 4)
     sparse_inner: str = "flash"
     block: int = 64
+    pv_fp8: bool | None = None
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
@@ -71,6 +74,52 @@ class AttentionConfig:
                              f"half-extents (frames, rows, cols)")
         if self.block not in (16, 32, 64, 128):
             raise ValueError(f"block: {self.block} is not one of 16, 32, 64, 128")
+
+
+ATTENTION_ENV = "STUDIO_ATTENTION"
+
+
+def attention_override(text: str | None = None) -> AttentionConfig | None:
+    """The attention forced by the ``STUDIO_ATTENTION`` environment variable (or ``text``),
+    for every profile on any device; None when unset or empty.
+
+    Format: a kernel name, then optional comma-separated options: ``sage``, ``sage,pv_fp8``
+    (P·V in FP8 as on Hopper), ``sparse,window=1x4x4``, ``sparse,inner=sage``. On the CPU the
+    kernels run their torch emulations (:mod:`studio.kernels`), so their numerics can be
+    judged on a real model without a GPU (``python -m bench kernel-quality``).
+
+    Raises:
+        ValueError: an unknown kernel or option, naming the variable and the allowed values.
+    """
+    import os
+
+    text = os.environ.get(ATTENTION_ENV, "") if text is None else text
+    text = text.strip()
+    if not text:
+        return None
+    kernel, *options = [part.strip() for part in text.split(",")]
+    fields: dict = {"kernel": kernel}
+    if kernel == "sparse":
+        fields["sparse_inner"] = "sage"
+    for option in options:
+        name, _, value = option.partition("=")
+        if name == "pv_fp8" and not value:
+            fields["pv_fp8"] = True
+        elif name == "window" and value:
+            try:
+                fields["sparse_window"] = tuple(int(x) for x in value.split("x"))
+            except ValueError:
+                raise ValueError(f"{ATTENTION_ENV}: window={value!r} is not FxRxC, e.g. "
+                                 f"1x4x4") from None
+        elif name == "inner" and value:
+            fields["sparse_inner"] = value
+        else:
+            raise ValueError(f"{ATTENTION_ENV}: option {option!r} is not one of pv_fp8, "
+                             f"window=FxRxC, inner=flash|sage")
+    try:
+        return AttentionConfig(**fields)
+    except ValueError as exc:
+        raise ValueError(f"{ATTENTION_ENV}: {exc}") from None
 
 
 class AttentionStats(Counter):
@@ -150,7 +199,7 @@ class _Router(TorchFunctionMode):
         if kernel == "sage":
             from studio.kernels.sage_attention import sage_attention
 
-            return sage_attention(q, k, v, scale=scale)[0]
+            return sage_attention(q, k, v, scale=scale, pv_fp8=cfg.pv_fp8)[0]
         from studio.kernels.attention import attention
 
         return attention(q, k, v, scale=scale)[0]

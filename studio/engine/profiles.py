@@ -71,6 +71,9 @@ class ProfileLevers:
             (always). Off unless the model's ``studio.json`` turns it on for the profile
             (``"guidance_reuse": {"balanced": {"interval": 2}}``, from ``python -m bench
             calibrate``); off under CFG parallelism.
+        attention_config: the full attention settings when the ``STUDIO_ATTENTION``
+            environment variable forces them (every profile, any device; see
+            :func:`studio.engine.attention.attention_override`), else None.
     """
 
     profile: str
@@ -79,6 +82,16 @@ class ProfileLevers:
     attention: str = "sdpa"
     compile: bool = False
     guidance_reuse: CfgReuseConfig | None = None
+    attention_config: object | None = None  # an AttentionConfig forced by STUDIO_ATTENTION
+
+    def attention_settings(self):
+        """The :class:`~studio.engine.attention.AttentionConfig` this profile runs."""
+        from studio.engine.attention import AttentionConfig
+
+        if self.attention_config is not None:
+            return self.attention_config
+        return AttentionConfig(kernel=self.attention,
+                               sparse_inner="sage" if self.attention == "sparse" else "flash")
 
     def describe(self) -> str:
         """One line for the user: what this run turned on."""
@@ -109,8 +122,13 @@ def levers_for(profile: str, device: torch.device | str = "cpu",
     if profile not in PROFILES:
         raise ValueError(f"optimization.profile: {profile!r} is not one of "
                          f"{', '.join(PROFILES)}")
+    from studio.engine.attention import attention_override
+
+    forced = attention_override()
     if profile == "exact":
-        return ProfileLevers(profile)
+        if forced is None:
+            return ProfileLevers(profile)
+        return ProfileLevers(profile, attention=forced.kernel, attention_config=forced)
     cache = DEFAULT_STEP_CACHE[profile]
     override = ((tuning or {}).get("step_cache") or {}).get(profile)
     if override:
@@ -127,6 +145,8 @@ def levers_for(profile: str, device: torch.device | str = "cpu",
     # On the CPU the Triton kernels cannot run (the interpreter is for tests): SDPA stays.
     kind = torch.device(device).type
     attention = GPU_ATTENTION[profile] if kind == "cuda" else "sdpa"
+    if forced is not None:
+        attention = forced.kernel
     precision = "as-loaded"
     if kind == "cuda" and profile == "fast":
         from studio.engine.precision import precision_supported
@@ -136,7 +156,7 @@ def levers_for(profile: str, device: torch.device | str = "cpu",
         precision = ("fp8-dynamic" if not known or precision_supported("fp8-dynamic", dev)
                      is None else "int8-dynamic")
     return ProfileLevers(profile, step_cache=cache, attention=attention, precision=precision,
-                         guidance_reuse=reuse)
+                         guidance_reuse=reuse, attention_config=forced)
 
 
 def _uncacheable_reason(module: torch.nn.Module) -> str:
@@ -154,17 +174,16 @@ def apply_levers(denoisers: list[torch.nn.Module], levers: ProfileLevers) -> lis
     Returns:
         Notes for the user (what was on, what could not be applied and why).
     """
-    from studio.engine.attention import AttentionConfig, apply_attention
+    from studio.engine.attention import ATTENTION_ENV, AttentionConfig, apply_attention
 
     notes = []
+    wanted = levers.attention_settings()
     for module in denoisers:
         if module is None:
             continue
         current = getattr(module, "_studio_attention", None)
-        if (current[0].kernel if current else "sdpa") != levers.attention:
-            kernel = levers.attention
-            apply_attention(module, AttentionConfig(
-                kernel=kernel, sparse_inner="sage" if kernel == "sparse" else "flash"))
+        if (current[0] if current else AttentionConfig()) != wanted:
+            apply_attention(module, wanted)
         routed = getattr(module, "_studio_attention", None)
         if routed:
             routed[1].clear()  # counts per job
@@ -191,6 +210,8 @@ def apply_levers(denoisers: list[torch.nn.Module], levers: ProfileLevers) -> lis
         notes += _set_guidance_reuse(module, levers.guidance_reuse)
     if levers.profile != "exact":
         notes.insert(0, levers.describe())
+    if levers.attention_config is not None:
+        notes.append(f"attention forced to {wanted.kernel} by {ATTENTION_ENV}")
     return notes
 
 

@@ -134,3 +134,40 @@ def test_profiles_route_attention_on_cuda_only():
     assert model._studio_attention[1]["sage"] == 0
     apply_levers([model], levers_for("exact", "cuda"))
     assert model._studio_attention is None
+
+
+def test_studio_attention_env_forces_a_kernel_on_every_profile(monkeypatch):
+    """STUDIO_ATTENTION runs a kernel (its torch emulation on the CPU) under any profile,
+    exact included, so its numerics can be judged on a real model; unset, the profile's own
+    choice comes back."""
+    from studio.engine.attention import attention_override
+    from studio.engine.profiles import apply_levers, levers_for
+
+    monkeypatch.setenv("STUDIO_ATTENTION", "sage,pv_fp8")
+    exact = levers_for("exact", "cpu")
+    assert exact.attention == "sage" and exact.attention_config.pv_fp8 is True
+    assert exact.step_cache is None  # only the attention is forced
+    assert levers_for("balanced", "cpu").attention == "sage"
+    model = tiny_wan()
+    x, text = torch.randn(1, 4, 3, 6, 10), torch.randn(1, 7, 16)
+    want = call(model, x, text)
+    notes = apply_levers([model], exact)
+    assert any("STUDIO_ATTENTION" in n for n in notes)
+    got = call(model, x, text)
+    assert model._studio_attention[0].pv_fp8 is True and model._studio_attention[1]["sage"] == 4
+    cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+    assert 0.99 < cos < 1.0
+    monkeypatch.setenv("STUDIO_ATTENTION", "sage")  # same kernel, other settings: re-routed
+    apply_levers([model], levers_for("exact", "cpu"))
+    assert model._studio_attention[0].pv_fp8 is None
+    monkeypatch.delenv("STUDIO_ATTENTION")
+    apply_levers([model], levers_for("exact", "cpu"))
+    assert model._studio_attention is None
+    torch.testing.assert_close(call(model, x, text), want, atol=0, rtol=0)
+    sparse = attention_override("sparse,window=0x2x2,inner=flash")
+    assert (sparse.sparse_window, sparse.sparse_inner) == ((0, 2, 2), "flash")
+    for bad, word in (("xformers", "kernel"), ("sage,fp4", "option"),
+                      ("sparse,window=2x2", "sparse_window"), ("sparse,window=ax2x2", "window")):
+        with pytest.raises(ValueError, match=f"STUDIO_ATTENTION.*{word}"):
+            attention_override(bad)
+    assert attention_override("  ") is None

@@ -100,3 +100,54 @@ def test_anonymise_removes_colour_and_shape():
         "a small object in the top left corner on a grass background"
     assert anonymise("a big violet circle slides left across a starry night sky") == \
         "a big object slides left across a starry night sky"
+
+
+def test_wider_decoder_trains_on_the_frozen_encoder_and_is_loaded_after(tmp_path):
+    """Stage ``decoder`` (here widened): only the decoder learns (the latent space the denoiser knows stays
+    bit for bit), its loss falls, and the run's VAE is then the wide one."""
+    from safetensors.torch import save_model
+
+    from studio.tiny.train import VaeDecoderTask, load_trained_vae
+
+    torch.manual_seed(0)
+    source = build_vae()
+    (tmp_path / "vae" / "checkpoint").mkdir(parents=True)
+    save_model(source, str(tmp_path / "vae" / "checkpoint" / "vae.safetensors"))
+    task = VaeDecoderTask(torch.device("cpu"), load_trained_vae(tmp_path, torch.device("cpu")),
+                          image_batch=6, clip_batch=1, decoder_base_dim=24)
+    task.on_checkpoint = lambda *a: None
+    config = TrainConfig(lr=3e-3, warmup_steps=5, total_steps=40, seed=3, log_every=5,
+                         checkpoint_every_s=1e9, weight_decay=0.0)
+    fixed = task.batch(np.random.default_rng(7))
+    while fixed.shape[2] != 1:  # an image batch
+        fixed = task.batch(np.random.default_rng(int(fixed.sum().abs()) % 1000))
+
+    def fixed_loss():
+        with torch.no_grad():
+            return task.loss(fixed, torch.Generator().manual_seed(0))[0].item()
+
+    start = fixed_loss()
+    train(task, tmp_path / "decoder", config, max_steps=30)
+    assert fixed_loss() < 0.8 * start
+    before = source.state_dict()
+    after = task.vae.state_dict()
+    frozen = [k for k in after if k.startswith(("encoder.", "quant_conv."))]
+    assert frozen and all(torch.equal(after[k], before[k]) for k in frozen)
+    assert after["decoder.conv_out.weight"].shape[1] == 24  # the wide decoder
+    x = torch.rand(1, 3, 1, 64, 64) * 2 - 1
+    with torch.no_grad():
+        z_source = source.encode(x).latent_dist.mode()
+        assert torch.equal(task.vae.encode(x).latent_dist.mode(), z_source)
+    loaded = load_trained_vae(tmp_path, torch.device("cpu"))
+    assert torch.equal(loaded.state_dict()["decoder.conv_out.weight"],
+                       after["decoder.conv_out.weight"])
+    assert load_trained_vae(tmp_path, torch.device("cpu"), decoder=False
+                            ).state_dict()["decoder.conv_out.weight"].shape[1] == 16
+    # same width: the decoder starts from the source's weights; edges weigh more
+    tuned = VaeDecoderTask(torch.device("cpu"), source, image_batch=2, clip_batch=1)
+    assert all(torch.equal(v, before[k]) for k, v in tuned.vae.state_dict().items())
+    x = -torch.ones(1, 3, 2, 64, 64)
+    x[:, :, 1, 20:30, 20:30] = 1  # a square in frame 1
+    w = tuned.pixel_weights(x)
+    assert w.shape == (1, 1, 2, 64, 64) and w[0, 0, 0].max() == 1
+    assert w[0, 0, 1, 20, 25] == 5 and w[0, 0, 1, 25, 25] == 1 and w[0, 0, 1, 19, 25] == 5

@@ -43,7 +43,9 @@ def quantize_per_block(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch
     nblocks = -(-seq // block)
     xf = x.float()
     padded = torch.nn.functional.pad(xf, (0, 0, 0, nblocks * block - seq))
-    amax = padded.view(batch, heads, nblocks, block * dim).abs().amax(dim=-1)
+    # reshape, not view: q and k arrive as (batch, seq, heads, dim) transposed, and pad is a
+    # no-op when seq is a multiple of the block
+    amax = padded.reshape(batch, heads, nblocks, block * dim).abs().amax(dim=-1)
     scales = (amax / INT8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
     per_token = scales.repeat_interleave(block, dim=2)[:, :, :seq, None]
     x_int8 = torch.round(xf / per_token).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)

@@ -1,0 +1,192 @@
+"""Adherence of the embedded model under each attention kernel's numerics (issue 7).
+
+    python -m bench kernel-quality [--prompts 128] [--modes t2i,t2v] [--write]
+
+The GPU kernels of :mod:`studio.kernels` each have a torch emulation of their numerics (the
+INT8 Q·Kᵀ with per-block scales and the FP8 e4m3 P·V of SageAttention, the block-sparse
+mask), which is what runs on the CPU. This benchmark runs the embedded model's evaluation
+prompts (:func:`bench.model.build_samples`, seed ``i`` for prompt ``i``, the model's
+defaults: 64x64, 20 steps, guidance 4, 9 frames) through the engine's job executor once per
+attention setting, forced by ``STUDIO_ATTENTION`` under the ``exact`` profile (no cache, no
+other lever), and compares with PyTorch SDPA on the same seeds:
+
+* every adherence attribute of :mod:`studio.tiny.evaluate`, in points (the bar of issue 7:
+  each within 2 points of SDPA's);
+* the pixels: PSNR and SSIM of each output against SDPA's (median and worst).
+
+Settings: ``flash`` (our flash-style kernel: fp32 accumulation), ``sage`` with FP8 P·V (what
+the balanced profile runs on Hopper), ``sage`` with 16-bit P·V (other GPUs), and ``sparse``
+(the fast profile's block-sparse local window for video self-attention, ``sage`` with FP8 for
+the other calls). The kept fraction of the sparse mask at the model's video token grid is
+reported beside it.
+
+Writes ``bench/results/<date>-kernel-quality.json``; ``--write`` also puts the table into
+docs/PERFORMANCE.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.doc import ROOT, write_block
+
+# (name, STUDIO_ATTENTION value); the first is the reference
+SETTINGS = (("sdpa", ""), ("flash", "flash"), ("sage, fp8 P·V (Hopper)", "sage,pv_fp8"),
+            ("sage, 16-bit P·V", "sage"), ("sparse (+ sage fp8)", "sparse,pv_fp8"))
+BAR_POINTS = 2.0
+
+
+def kept_fraction(frames: int, rows: int, cols: int) -> float:
+    """The share of (query block, key block) pairs the fast profile's sparse layout keeps
+    for a (frames, rows, cols) video token grid."""
+    import torch
+
+    from studio.engine.attention import AttentionConfig
+    from studio.kernels.block_sparse_attention.mask import build_video_mask
+
+    cfg = AttentionConfig(kernel="sparse")
+    mask = build_video_mask(frames, rows, cols, 0, cfg.block, cfg.block, cfg.sparse_window,
+                            device=torch.device("cpu"))
+    return float(mask.float().mean())
+
+
+def compare(outputs: list[np.ndarray], reference: list[np.ndarray]) -> dict[str, float]:
+    """PSNR (dB, capped at 99) and SSIM of each output against the reference's: median and
+    worst over the prompts."""
+    from bench.cpu import psnr_ssim
+
+    pairs = [psnr_ssim(o, r) for o, r in zip(outputs, reference, strict=True)]
+    psnr = [min(p, 99.0) for p, _ in pairs]
+    ssim = [s for _, s in pairs]
+    return {"psnr_median_db": float(np.median(psnr)), "psnr_min_db": float(np.min(psnr)),
+            "ssim_median": float(np.median(ssim)), "ssim_min": float(np.min(ssim))}
+
+
+def markdown(result: dict) -> str:
+    lines = [f"`{result['command']}` on {result['machine_note']}, weights of training step "
+             f"{result['training_step']}, {result['date']} (`bench/results/{result['file']}`)."
+             f" Each kernel's torch emulation of its numerics on the CPU, forced by "
+             f"`STUDIO_ATTENTION` under the exact profile; Δ in points against SDPA on the "
+             f"same seeds (bar: every attribute within ±{BAR_POINTS:g}).", "",
+             "| mode | attention | " + " | ".join(result["attributes"]) +
+             " | PSNR vs SDPA (median / worst) | SSIM (median / worst) | within bar |",
+             "|---|---|" + "---|" * len(result["attributes"]) + "---|---|---|"]
+    for mode, rows in result["modes"].items():
+        for row in rows:
+            acc = row["accuracy"]
+            if row["setting"] == "sdpa":
+                cells = [f"{acc[a]:.1%}" if a in acc else "–" for a in result["attributes"]]
+                lines.append(f"| {mode} | sdpa (reference) | " + " | ".join(cells) +
+                             " | | | |")
+                continue
+            cells = [f"{row['delta_points'][a]:+.1f}" if a in acc else "–"
+                     for a in result["attributes"]]
+            q = row["pixels"]
+            note = " (kept {:.0%} of blocks)".format(row["kept"]) if "kept" in row else ""
+            lines.append(f"| {mode} | {row['setting']}{note} | " + " | ".join(cells) +
+                         f" | {q['psnr_median_db']:.1f} / {q['psnr_min_db']:.1f} dB | "
+                         f"{q['ssim_median']:.4f} / {q['ssim_min']:.4f} | "
+                         f"{'yes' if row['within_bar'] else '**no**'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    from bench.model import MODEL, _studio_json, build_samples, run_job, score
+
+    ap = argparse.ArgumentParser(prog="python -m bench kernel-quality")
+    ap.add_argument("--model", default=MODEL, help="model id or folder (default: embedded)")
+    ap.add_argument("--prompts", type=int, default=128, help="evaluation prompts per mode")
+    ap.add_argument("--modes", default="t2i,t2v", help="comma list of t2i, t2v, i2v")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--out", default=None, help="result JSON (default "
+                    "bench/results/<date>-kernel-quality.json)")
+    ap.add_argument("--write", action="store_true", help="also update docs/PERFORMANCE.md")
+    args = ap.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or any(m not in ("t2i", "t2v", "i2v") for m in modes):
+        ap.error(f"--modes: {args.modes!r}; allowed: t2i, t2v, i2v")
+    if args.prompts < 1:
+        ap.error("--prompts must be >= 1")
+
+    import torch
+
+    from studio.engine.attention import _BROKEN, ATTENTION_ENV
+    from studio.engine.executor import JobExecutor
+    from studio.engine.models.registry import ModelRegistry
+
+    torch.set_num_threads(args.threads)
+    registry = ModelRegistry(include_hf_cache=False)
+    entry = registry.resolve(args.model)
+    caps = entry.capabilities
+    executor = JobExecutor(registry, torch.device("cpu"))
+    started = time.time()
+    saved = os.environ.get(ATTENTION_ENV)
+    attributes: set[str] = set()
+    results: dict[str, list[dict]] = {}
+    try:
+        for mode in modes:
+            samples = build_samples(mode, args.prompts, caps, model=entry.model_id)
+            assert all(s.request.optimization.profile == "exact" for s in samples)
+            reference = None
+            rows = []
+            for name, value in SETTINGS:
+                os.environ[ATTENTION_ENV] = value
+                t0 = time.time()
+                outputs = [run_job(executor, s.request, s.inputs)[0] for s in samples]
+                if _BROKEN:  # the router fell back to SDPA: these rows would lie
+                    raise RuntimeError(f"attention {name}: the kernel failed and SDPA ran "
+                                       f"instead ({', '.join(sorted(_BROKEN))}); see the log")
+                report = score(mode, samples, outputs)
+                row = {"setting": name, "studio_attention": value,
+                       "accuracy": report["accuracy"], "seconds": round(time.time() - t0, 1)}
+                if "first_frame_psnr_db" in report:
+                    row["first_frame_psnr_db"] = report["first_frame_psnr_db"]["mean"]
+                attributes |= set(report["accuracy"])
+                if reference is None:
+                    reference = (outputs, report["accuracy"])
+                else:
+                    row["delta_points"] = {a: 100 * (v - reference[1][a])
+                                           for a, v in report["accuracy"].items()}
+                    row["within_bar"] = all(abs(d) <= BAR_POINTS
+                                            for d in row["delta_points"].values())
+                    row["pixels"] = compare(outputs, reference[0])
+                    if value.startswith("sparse") and mode != "t2i":
+                        # the embedded model's grid: VAE 4x4 spatial, 4x temporal; patch 2x2
+                        f = (caps.default_frames - 1) // 4 + 1
+                        row["kept"] = kept_fraction(f, caps.default_height // 8,
+                                                    caps.default_width // 8)
+                rows.append(row)
+                print(f"{mode} {name}: {json.dumps(row)}", flush=True)
+            results[mode] = rows
+    finally:
+        if saved is None:
+            os.environ.pop(ATTENTION_ENV, None)
+        else:
+            os.environ[ATTENTION_ENV] = saved
+    order = ("background", "count", "colour", "shape", "size", "position", "motion")
+    date = time.strftime("%Y-%m-%d")
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"{date}-kernel-quality.json"
+    result = {"command": "python -m bench kernel-quality " + " ".join(argv), "date": date,
+              "machine": platform.platform(), "torch_threads": args.threads,
+              "machine_note": f"{torch.get_num_threads()} CPU threads",
+              "model": entry.description, "training_step": _studio_json(entry).get("training_step"),
+              "attributes": [a for a in order if a in attributes], "modes": results,
+              "all_within_bar": all(r.get("within_bar", True)
+                                    for rows in results.values() for r in rows),
+              "seconds": round(time.time() - started, 1), "file": out.name}
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(out)
+    table = markdown(result)
+    print(table)
+    if args.write:
+        write_block("kernel-quality", table,
+                    "Attention kernels' numerics on the embedded model (issue 7)")
+    return 0
