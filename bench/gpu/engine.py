@@ -7,8 +7,10 @@ branch) each, timed with CUDA events (median), for:
 
 * attention: PyTorch SDPA (stock) vs our kernels routed in by ``studio.engine.attention``
   (``flash``, ``sage``; ``sparse`` on the video model), output cosine similarity to stock;
+* fused block ops (:mod:`studio.engine.fused_blocks`: AdaLN norm, QK-norm + RoPE, gated
+  residual in Wan blocks);
 * precision: torchao int8-dynamic / fp8-dynamic on the denoiser (if torchao imports), alone
-  and with our attention: "ours", the per-step figure of issue 7, whose targets (Wan >= 1.4x,
+  and with our attention and fused block ops: "ours", the per-step figure of issue 7, whose targets (Wan >= 1.4x,
   Flux >= 1.5x stock bf16; no caching) are printed beside it with PASS/FAIL;
 * the step cache's overhead on a full step (hooks on, threshold 0: must be ~free);
 * the parallel code path at degree 1 (a 1-rank group: mesh, per-step cancel all-reduce and
@@ -164,6 +166,7 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from studio.engine import fused_blocks
     from studio.engine.attention import AttentionConfig, apply_attention, remove_attention
     from studio.engine.caching import StepCacheConfig, apply_step_cache, remove_step_cache
     from studio.engine.precision import apply_precision, precision_supported
@@ -194,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     with torch.inference_mode():
         for name in model_names(args.cpu_smoke):
             model, inputs = build(name, device)
+            fusable = fused_blocks.install(model) is not None  # before any hook; off
             log(f"{name}: built")
 
             def fwd(model=model, inputs=inputs):
@@ -211,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
                     kernel=kernel, sparse_inner="sage" if kernel == "sparse" else "flash"))
                 timed(name, f"attention {kernel}", fwd, stock, base_s, calls=dict(stats))
                 remove_attention(model)
+            if fusable:
+                fused_blocks.set_fused(model, True)
+                timed(name, "fused block ops (AdaLN norm, QK-norm+RoPE, gated residual)", fwd,
+                      stock, base_s, calls=dict(model._studio_fused_stats))
+                fused_blocks.set_fused(model, False)
             apply_step_cache(model, StepCacheConfig(threshold=0.0))
             timed(name, "step cache hooks (threshold 0)", fwd, stock, base_s)
             remove_step_cache(model)
@@ -240,11 +249,13 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 timed(name, f"precision {precision}", fwd, stock, base_s, note=note)
                 target = PER_STEP_TARGETS["wan" if video else "flux"]
+                fused_blocks.set_fused(model, fusable)
+                fused = " + fused block ops" if fusable else ""
                 for kernel in ["sage"] + (["sparse"] if video else []):
                     stats = apply_attention(model, AttentionConfig(
                         kernel=kernel, sparse_inner="sage"))
-                    row = timed(name, f"ours: attention {kernel} + {precision}", fwd, stock,
-                                base_s, calls=dict(stats))
+                    row = timed(name, f"ours: attention {kernel}{fused} + {precision}", fwd,
+                                stock, base_s, calls=dict(stats))
                     remove_attention(model)
                     if "ms" in row:
                         ok = row["speedup"] >= target

@@ -71,6 +71,9 @@ class ProfileLevers:
             (always). Off unless the model's ``studio.json`` turns it on for the profile
             (``"guidance_reuse": {"balanced": {"interval": 2}}``, from ``python -m bench
             calibrate``); off under CFG parallelism.
+        fused_blocks: the DiT blocks' AdaLN norms, QK-norm + RoPE and gated residuals run
+            our fused kernels (:mod:`studio.engine.fused_blocks`; Wan-family blocks; the
+            math is stock's, so outputs agree to rounding).
         attention_config: the full attention settings when the ``STUDIO_ATTENTION``
             environment variable forces them (every profile, any device; see
             :func:`studio.engine.attention.attention_override`), else None.
@@ -83,6 +86,7 @@ class ProfileLevers:
     compile: bool = False
     guidance_reuse: CfgReuseConfig | None = None
     attention_config: object | None = None  # an AttentionConfig forced by STUDIO_ATTENTION
+    fused_blocks: bool = False
 
     def attention_settings(self):
         """The :class:`~studio.engine.attention.AttentionConfig` this profile runs."""
@@ -107,6 +111,8 @@ class ProfileLevers:
                          f"{self.guidance_reuse.warmup_steps})")
         parts.append(f"precision {self.precision}")
         parts.append(f"attention {self.attention}")
+        if self.fused_blocks:
+            parts.append("fused block ops")
         if self.compile:
             parts.append("torch.compile")
         return f"profile {self.profile}: " + ", ".join(parts)
@@ -156,7 +162,8 @@ def levers_for(profile: str, device: torch.device | str = "cpu",
         precision = ("fp8-dynamic" if not known or precision_supported("fp8-dynamic", dev)
                      is None else "int8-dynamic")
     return ProfileLevers(profile, step_cache=cache, attention=attention, precision=precision,
-                         guidance_reuse=reuse, attention_config=forced)
+                         guidance_reuse=reuse, attention_config=forced,
+                         fused_blocks=kind == "cuda")
 
 
 def _uncacheable_reason(module: torch.nn.Module) -> str:
@@ -174,6 +181,7 @@ def apply_levers(denoisers: list[torch.nn.Module], levers: ProfileLevers) -> lis
     Returns:
         Notes for the user (what was on, what could not be applied and why).
     """
+    from studio.engine import fused_blocks
     from studio.engine.attention import ATTENTION_ENV, AttentionConfig, apply_attention
 
     notes = []
@@ -181,6 +189,9 @@ def apply_levers(denoisers: list[torch.nn.Module], levers: ProfileLevers) -> lis
     for module in denoisers:
         if module is None:
             continue
+        # switchable before any hook wraps the blocks (off unless the profile says so)
+        fused_blocks.install(module)
+        fused_blocks.set_fused(module, levers.fused_blocks)
         current = getattr(module, "_studio_attention", None)
         if (current[0] if current else AttentionConfig()) != wanted:
             apply_attention(module, wanted)
@@ -263,12 +274,13 @@ def cache_stats(denoisers: list[torch.nn.Module]) -> StepCacheStats | None:
     return total
 
 
-PROFILE_TABLE_HEADER = "| profile | device | step cache | precision | attention | compile |"
+PROFILE_TABLE_HEADER = ("| profile | device | step cache | precision | attention | fused block "
+                        "ops | compile |")
 
 
 def profile_table() -> str:
     """The markdown table of every profile's levers on each kind of device."""
-    rows = [PROFILE_TABLE_HEADER, "|---|---|---|---|---|---|"]
+    rows = [PROFILE_TABLE_HEADER, "|---|---|---|---|---|---|---|"]
     for profile in PROFILES:
         for device in ("cpu", "cuda"):
             lv = levers_for(profile, device)
@@ -279,6 +291,7 @@ def profile_table() -> str:
             if precision == "fp8-dynamic":
                 precision = "fp8-dynamic (int8-dynamic below compute capability 8.9)"
             rows.append(f"| {profile} | {device} | {cache} | {precision} | {lv.attention} | "
+                        f"{'on' if lv.fused_blocks else 'off'} | "
                         f"{'on' if lv.compile else 'off'} |")
     return "\n".join(rows)
 
