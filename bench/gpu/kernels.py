@@ -201,6 +201,21 @@ def correctness(device: str, smoke: bool) -> Checks:
 
         checks.run(name, check_sage)
 
+    # diffusers hands attention (batch, seq, heads, dim) tensors transposed to (batch, heads,
+    # seq, dim): strided, and with a whole number of blocks nothing pads (copies) them.
+    def check_sage_transposed():
+        seq = 256 if smoke else 4608  # the Flux 1024² image tokens: 36 blocks of 128
+        q, k, v = (randn(batch, seq, heads, head_dim, dtype=torch.bfloat16).transpose(1, 2)
+                   for _ in range(3))
+        before = SAGE_LAUNCHES["triton"]
+        out = sage_attention(q, k, v, pv_fp8=False)[0]
+        want = sage_attention(*(t.contiguous() for t in (q, k, v)), pv_fp8=False)[0]
+        cos, _ = quality(out, want)
+        ok = ran_triton(SAGE_LAUNCHES, before, calls=2) and cos >= 0.99999
+        checks.add("sage on diffusers' strided layout", ok, f"vs contiguous cos {cos:.6f}")
+
+    checks.run("sage on diffusers' strided layout", check_sage_transposed)
+
     # Block-sparse attention: against dense masked attention, and the visited-block count.
     def check_block_sparse():
         frames, height, width, text = (3, 4, 8, 17) if smoke else (4, 16, 16, 77)

@@ -117,7 +117,7 @@ class VaeTask(TrainTask):
         line = {"step": step, **self.evaluate()}
         with open(out_dir / "eval_log.jsonl", "a") as fh:
             fh.write(json.dumps(line) + "\n")
-        print(f"[vae] step {step}: {line}", file=sys.stderr, flush=True)
+        print(f"[{type(self).__name__}] step {step}: {line}", file=sys.stderr, flush=True)
 
 
 class VaeDecoderTask(VaeTask):
