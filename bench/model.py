@@ -19,6 +19,10 @@ against the held-out prompts of ``studio.tiny.world.eval_prompts``:
 * ``i2i``: the init image is the scene with the object in another colour; the prompt asks for
   the held-out colour (SDEdit at strength 0.8). Informative: issue 3 sets no bar for it.
 
+The VAE's ceiling: the same evaluator on the VAE's own round trip of the world's renders of
+the held-out prompts (``vae_ceiling``; skip with ``--no-ceiling``): what the denoiser could
+reach through that decoder if it produced the encoder's latents exactly.
+
 Speed: the model's load time (weights from disk to a ready runner, in this process, once the
 pipeline's Python modules are imported; the first load, with the imports, is reported
 beside it), and the median total job time of ``--runs`` text-to-image (64x64, 20 steps)
@@ -129,6 +133,43 @@ def build_samples(mode: str, n: int, caps, seed: int = 0, model: str = MODEL) ->
             out.append(Sample(_request(caps, mode, caption, i, model, init_image=ref,
                                        strength=I2I_STRENGTH),
                               {ref.content_id: init}, spec, given=init))
+    return out
+
+
+def vae_ceiling(vae_folder: Path, n: int, frames: int, size: int) -> dict[str, dict]:
+    """The evaluator on the model's own VAE round trip (encode, posterior mode, decode) of
+    the world's renders of the held-out prompts: the most the denoiser can reach through that
+    decoder. ``{"t2i": {"accuracy": ...}, "t2v": {"accuracy": ..., "psnr_db_per_frame":
+    [...]}}``, ``n`` images (64x64) and ``n`` clips of ``frames`` frames."""
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    from studio.tiny import evaluate, world
+
+    vae = AutoencoderKLWan.from_pretrained(str(vae_folder), torch_dtype=torch.float32).eval()
+    out = {}
+    for mode in ("t2i", "t2v"):
+        prompts = world.eval_prompts(n, mode, MODES.index(mode))
+        rng = np.random.default_rng([0, 99, MODES.index(mode)])
+        if mode == "t2i":
+            pixels = np.stack([world.render_image(s, size, size, rng)[None] for _, s in prompts])
+        else:
+            pixels = np.stack([world.render_clip(s, frames, size, size, rng) for _, s in prompts])
+        recon = []
+        with torch.no_grad():
+            for i in range(0, n, 16):
+                x = torch.from_numpy(pixels[i:i + 16]).float().div(127.5).sub(1)
+                x = x.permute(0, 4, 1, 2, 3)  # (B, 3, F, H, W)
+                y = vae.decode(vae.encode(x).latent_dist.mode()).sample
+                recon.append(((y.clamp(-1, 1) + 1) * 127.5).round().byte()
+                             .permute(0, 2, 3, 4, 1).numpy())
+        recon = np.concatenate(recon)
+        samples = [r[0] if mode == "t2i" else r for r in recon]
+        report = evaluate.evaluate(samples, [s for _, s in prompts])
+        mse = ((recon.astype(np.float64) - pixels) ** 2).mean(axis=(0, 2, 3, 4))
+        out[mode] = {"prompts": n, "accuracy": dict(report.accuracy),
+                     "psnr_db_per_frame": [round(float(10 * np.log10(255 ** 2 / max(m, 1e-12))),
+                                                 2) for m in mse]}
     return out
 
 
@@ -258,6 +299,18 @@ def markdown(result: dict) -> str:
                       f"({speed['load_with_imports']:.2f} s for the first load in a process, "
                       f"which imports the pipeline's modules), text-to-image 64x64 at 20 steps "
                       f"{speed['t2i']:.2f} s, text-to-video 64x64x9 {speed['t2v']:.2f} s."]
+    ceiling = result.get("vae_ceiling")
+    if ceiling:
+        lines += ["", "The ceiling the VAE sets: the evaluator on the VAE's round trip of the "
+                      "world's own renders of the same held-out prompts (no denoiser):", "",
+                  "| round trip | prompts | " + " | ".join(ATTRS) + " | PSNR by frame |",
+                  "|---|---|" + "---|" * len(ATTRS) + "---|"]
+        for mode, res in ceiling.items():
+            acc = res["accuracy"]
+            cells = [f"{acc[a]:.0%}" if a in acc else "–" for a in ATTRS]
+            psnr = ", ".join(f"{p:.1f}" for p in res["psnr_db_per_frame"])
+            lines.append(f"| {'image' if mode == 't2i' else 'clip'} | {res['prompts']} | " +
+                         " | ".join(cells) + f" | {psnr} dB |")
     lines += ["", "| bar (issue 3) | needed | measured | holds |", "|---|---|---|---|"]
     for row in result["bars"]:
         lines.append(f"| {row['what']} | {row['bar']} | {row['value']} | "
@@ -283,6 +336,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
     ap.add_argument("--out", default=None, help="result JSON (default bench/results/<date>-model.json)")
     ap.add_argument("--write", action="store_true", help="also update docs/PERFORMANCE.md")
+    ap.add_argument("--no-ceiling", action="store_true",
+                    help="skip the evaluator on the VAE's round trip of the world's renders")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]
@@ -314,6 +369,11 @@ def main(argv: list[str]) -> int:
         results[mode] = score(mode, samples, outputs)
         results[mode]["seconds"] = round(time.time() - t0, 1)
         print(f"{mode}: {json.dumps(results[mode])}", flush=True)
+    ceiling = None
+    if not args.no_ceiling:
+        ceiling = vae_ceiling(Path(entry.path) / "vae", args.prompts, caps.default_frames,
+                              caps.default_width)
+        print(f"vae ceiling: {json.dumps(ceiling)}", flush=True)
     date = time.strftime("%Y-%m-%d")
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"{date}-model.json"
     result = {"command": "python -m bench model " + " ".join(argv), "date": date,
@@ -321,6 +381,7 @@ def main(argv: list[str]) -> int:
               "machine_note": f"{torch.get_num_threads()} CPU threads",
               "model": entry.description, "training_step": _studio_json(entry).get("training_step"),
               "speed_s": speed, "modes": results, "bars": bars(results, speed),
+              "vae_ceiling": ceiling,
               "seconds": round(time.time() - started, 1), "file": out.name}
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")

@@ -78,6 +78,27 @@ def test_one_job_per_mode_through_the_executor(tmp_path):
     assert "reference_match" in result["modes"]["r2v"]
     assert result["command"].startswith("python -m bench model --prompts 1")
     assert all(np.isfinite(v) for m in result["modes"].values() for v in m["accuracy"].values())
+    ceiling = result["vae_ceiling"]
+    assert set(ceiling) == {"t2i", "t2v"} and "motion" in ceiling["t2v"]["accuracy"]
+    assert len(ceiling["t2v"]["psnr_db_per_frame"]) == 9
+
+
+def test_vae_ceiling_is_high_for_the_shipped_vae_and_low_for_a_blind_one(tmp_path):
+    """The ceiling must be able to fail: a VAE whose decoder ignores its latents (zeroed
+    weights) reads as no object at all."""
+    from diffusers import AutoencoderKLWan
+
+    from studio.engine.models.registry import DEFAULT_EMBEDDED, EMBEDDED_DIR
+
+    good = report.vae_ceiling(EMBEDDED_DIR / DEFAULT_EMBEDDED / "vae", 8, 9, 64)
+    assert good["t2i"]["accuracy"]["background"] >= 0.75
+    assert good["t2i"]["psnr_db_per_frame"][0] > 20
+    vae = AutoencoderKLWan.from_pretrained(str(EMBEDDED_DIR / DEFAULT_EMBEDDED / "vae"))
+    for p in vae.decoder.conv_out.parameters():
+        p.data.zero_()
+    vae.save_pretrained(tmp_path / "vae")
+    blind = report.vae_ceiling(tmp_path / "vae", 8, 9, 64)
+    assert blind["t2i"]["accuracy"]["colour"] == 0 and blind["t2i"]["psnr_db_per_frame"][0] < 15
 
 
 def test_bad_arguments_are_refused_with_the_flag(capsys):
