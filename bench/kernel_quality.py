@@ -41,7 +41,9 @@ from bench.doc import ROOT, write_block
 
 # (name, STUDIO_ATTENTION value); the first is the reference
 SETTINGS = (("sdpa", ""), ("flash", "flash"), ("sage, fp8 P·V (Hopper)", "sage,pv_fp8"),
-            ("sage, 16-bit P·V", "sage"), ("sparse (+ sage fp8)", "sparse,pv_fp8"))
+            ("sage, 16-bit P·V", "sage"), ("sparse (+ sage fp8)", "sparse,pv_fp8"),
+            ("sparse without the first-frame sink", "sparse,pv_fp8,sink=0"),
+            ("sparse, frame window 0 + sink", "sparse,pv_fp8,window=0x4x4"))
 BAR_POINTS = 2.0
 
 
@@ -50,17 +52,19 @@ def within_bar(delta_points: dict[str, float]) -> bool:
     return all(d >= -BAR_POINTS for d in delta_points.values())
 
 
-def kept_fraction(frames: int, rows: int, cols: int) -> float:
-    """The share of (query block, key block) pairs the fast profile's sparse layout keeps
-    for a (frames, rows, cols) video token grid."""
+def kept_fraction(frames: int, rows: int, cols: int, setting: str = "sparse") -> float:
+    """The share of (query block, key block) pairs the sparse layout of ``setting`` (a
+    ``STUDIO_ATTENTION`` value; default: the fast profile's) keeps for a (frames, rows, cols)
+    video token grid."""
     import torch
 
-    from studio.engine.attention import AttentionConfig
+    from studio.engine.attention import attention_override
     from studio.kernels.block_sparse_attention.mask import build_video_mask
 
-    cfg = AttentionConfig(kernel="sparse")
+    cfg = attention_override(setting)
     mask = build_video_mask(frames, rows, cols, 0, cfg.block, cfg.block, cfg.sparse_window,
-                            device=torch.device("cpu"))
+                            device=torch.device("cpu"),
+                            sink_frames=min(cfg.sparse_sink_frames, frames))
     return float(mask.float().mean())
 
 
@@ -112,6 +116,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--prompts", type=int, default=128, help="evaluation prompts per mode")
     ap.add_argument("--modes", default="t2i,t2v", help="comma list of t2i, t2v, i2v")
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--settings", default="",
+                    help="extra STUDIO_ATTENTION values to run after SDPA, separated by ';' "
+                         "(default: the standard set)")
     ap.add_argument("--out", default=None, help="result JSON (default "
                     "bench/results/<date>-kernel-quality.json)")
     ap.add_argument("--write", action="store_true", help="also update docs/PERFORMANCE.md")
@@ -124,10 +131,19 @@ def main(argv: list[str]) -> int:
 
     import torch
 
-    from studio.engine.attention import _BROKEN, ATTENTION_ENV
+    from studio.engine.attention import _BROKEN, ATTENTION_ENV, attention_override
     from studio.engine.executor import JobExecutor
     from studio.engine.models.registry import ModelRegistry
 
+    settings = SETTINGS
+    if args.settings:
+        extra = [v.strip() for v in args.settings.split(";") if v.strip()]
+        try:
+            for value in extra:
+                attention_override(value)
+        except ValueError as exc:
+            ap.error(f"--settings: {exc}")
+        settings = (SETTINGS[0], *((v, v) for v in extra))
     torch.set_num_threads(args.threads)
     registry = ModelRegistry(include_hf_cache=False)
     entry = registry.resolve(args.model)
@@ -143,7 +159,7 @@ def main(argv: list[str]) -> int:
             assert all(s.request.optimization.profile == "exact" for s in samples)
             reference = None
             rows = []
-            for name, value in SETTINGS:
+            for name, value in settings:
                 os.environ[ATTENTION_ENV] = value
                 t0 = time.time()
                 outputs = [run_job(executor, s.request, s.inputs)[0] for s in samples]
@@ -167,7 +183,7 @@ def main(argv: list[str]) -> int:
                         # the embedded model's grid: VAE 4x4 spatial, 4x temporal; patch 2x2
                         f = (caps.default_frames - 1) // 4 + 1
                         row["kept"] = kept_fraction(f, caps.default_height // 8,
-                                                    caps.default_width // 8)
+                                                    caps.default_width // 8, value)
                 rows.append(row)
                 print(f"{mode} {name}: {json.dumps(row)}", flush=True)
             results[mode] = rows

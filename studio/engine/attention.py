@@ -53,6 +53,9 @@ class AttentionConfig:
         block: the sparse kernel's query/key block size in tokens (16, 32, 64 or 128).
         pv_fp8: ``sage``'s P·V in FP8 e4m3 (True), in 16 bits (False), or the device's
             default (None: FP8 on CUDA compute capability >= 8.9).
+        sparse_sink_frames: latent frames at the start every video query attends to whole
+            (``sparse`` only; see :func:`~studio.kernels.block_sparse_attention.mask.
+            build_video_mask`); clamped to the clip's frames.
 
     Raises:
         ValueError: (at construction) a field out of range, naming it.
@@ -63,6 +66,7 @@ class AttentionConfig:
     sparse_inner: str = "flash"
     block: int = 64
     pv_fp8: bool | None = None
+    sparse_sink_frames: int = 1
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
@@ -74,6 +78,9 @@ class AttentionConfig:
                              f"half-extents (frames, rows, cols)")
         if self.block not in (16, 32, 64, 128):
             raise ValueError(f"block: {self.block} is not one of 16, 32, 64, 128")
+        if not isinstance(self.sparse_sink_frames, int) or self.sparse_sink_frames < 0:
+            raise ValueError(f"sparse_sink_frames: {self.sparse_sink_frames!r} must be an "
+                             f"int >= 0")
 
 
 ATTENTION_ENV = "STUDIO_ATTENTION"
@@ -84,7 +91,7 @@ def attention_override(text: str | None = None) -> AttentionConfig | None:
     for every profile on any device; None when unset or empty.
 
     Format: a kernel name, then optional comma-separated options: ``sage``, ``sage,pv_fp8``
-    (P·V in FP8 as on Hopper), ``sparse,window=1x4x4``, ``sparse,inner=sage``. On the CPU the
+    (P·V in FP8 as on Hopper), ``sparse,window=1x4x4``, ``sparse,inner=sage``, ``sparse,sink=0``. On the CPU the
     kernels run their torch emulations (:mod:`studio.kernels`), so their numerics can be
     judged on a real model without a GPU (``python -m bench kernel-quality``).
 
@@ -113,9 +120,14 @@ def attention_override(text: str | None = None) -> AttentionConfig | None:
                                  f"1x4x4") from None
         elif name == "inner" and value:
             fields["sparse_inner"] = value
+        elif name == "sink" and value:
+            try:
+                fields["sparse_sink_frames"] = int(value)
+            except ValueError:
+                raise ValueError(f"{ATTENTION_ENV}: sink={value!r} is not a frame count") from None
         else:
             raise ValueError(f"{ATTENTION_ENV}: option {option!r} is not one of pv_fp8, "
-                             f"window=FxRxC, inner=flash|sage")
+                             f"window=FxRxC, inner=flash|sage, sink=N")
     try:
         return AttentionConfig(**fields)
     except ValueError as exc:
@@ -212,7 +224,8 @@ class _Router(TorchFunctionMode):
         n = frames * rows * cols
         if frames < 2 or q.shape[2] != n or k.shape[2] != n:
             return None
-        key = (self.grid, self.config.sparse_window, self.config.block, q.device)
+        key = (self.grid, self.config.sparse_window, self.config.block,
+               self.config.sparse_sink_frames, q.device)
         layout = self.layouts.get(key)
         if layout is None:
             from studio.kernels.block_sparse_attention import BlockSparseLayout
@@ -220,7 +233,8 @@ class _Router(TorchFunctionMode):
 
             b = self.config.block
             mask = build_video_mask(frames, rows, cols, 0, b, b, self.config.sparse_window,
-                                    device=q.device)
+                                    device=q.device,
+                                    sink_frames=min(self.config.sparse_sink_frames, frames))
             layout = self.layouts[key] = BlockSparseLayout.from_mask(mask, b, b)
         return layout
 

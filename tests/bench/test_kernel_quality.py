@@ -12,8 +12,10 @@ def test_bar_is_no_attribute_dropping_more_than_two_points():
 
 def test_kept_fraction_of_the_embedded_video_grid():
     # 3 latent frames of 8x8 tokens, blocks of 64 tokens (one frame each), window of +-1
-    # frame: frame 0 and frame 2 do not see each other
-    assert kq.kept_fraction(3, 8, 8) == pytest.approx(7 / 9)
+    # frame: frame 0 and frame 2 do not see each other; with the sink frame 2 sees frame 0
+    assert kq.kept_fraction(3, 8, 8) == pytest.approx(8 / 9)  # frame 0 still misses 2
+    assert kq.kept_fraction(3, 8, 8, "sparse,sink=0") == pytest.approx(7 / 9)
+    assert kq.kept_fraction(3, 8, 8, "sparse,window=0x4x4") == pytest.approx(5 / 9)
 
 
 def test_table_shows_signed_differences_and_the_verdict():
@@ -32,3 +34,6 @@ def test_bad_modes_are_refused_with_the_flag(capsys):
     with pytest.raises(SystemExit):
         kq.main(["--modes", "t2i,r2v"])
     assert "--modes" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        kq.main(["--settings", "sparse,sink=x"])
+    assert "--settings" in capsys.readouterr().err

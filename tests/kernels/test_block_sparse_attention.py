@@ -40,6 +40,21 @@ def test_video_mask_matches_the_dense_token_mask(layout):
     assert torch.equal(mask, expected)
 
 
+@pytest.mark.parametrize("layout,sink", [(LAYOUTS[0], 1), (LAYOUTS[2], 2), (LAYOUTS[6], 1),
+                                         (LAYOUTS[1], 2)], ids=str)
+def test_sink_frames_are_seen_by_every_query(layout, sink):
+    frames, height, width, text_len, block_m, block_n, window = layout
+    mask = build_video_mask(frames, height, width, text_len, block_m, block_n, window,
+                            sink_frames=sink)
+    expected = block_reduce(video_token_mask(frames, height, width, text_len, window, sink),
+                            block_m, block_n)
+    assert torch.equal(mask, expected)
+    assert mask[:, 0].all()  # the first key block holds sink tokens
+    with pytest.raises(ValueError, match="sink_frames"):
+        build_video_mask(frames, height, width, text_len, block_m, block_n, window,
+                         sink_frames=frames + 1)
+
+
 def test_video_mask_is_sparse_for_real_video_shapes():
     # Wan 2.1 480p, 21 latent frames: a small local window keeps a few percent of the blocks.
     mask = build_video_mask(21, 30, 52, 0, 128, 128, window=(1, 2, 2))

@@ -38,12 +38,17 @@ def _check_layout(frames: int, height: int, width: int, text_len: int, block_m: 
 
 def build_video_mask(frames: int, height: int, width: int, text_len: int, block_m: int,
                      block_n: int, window: tuple[int, int, int] = (1, 3, 3),
-                     device: torch.device | str = "cpu") -> torch.Tensor:
+                     device: torch.device | str = "cpu", sink_frames: int = 0) -> torch.Tensor:
     """The (num_q_blocks, num_k_blocks) bool block mask of a local video window plus text.
 
     Token level: a video query (f, r, c) sees a video key (f', r', c') iff |f - f'| <= t,
     |r - r'| <= h and |c - c'| <= w for ``window = (t, h, w)`` (half-extents, in latent
-    tokens); every query sees every text key and every text query sees every key. A block pair
+    tokens), or f' < ``sink_frames`` (the first latent frames as global keys every query
+    sees: an attention sink, after Xiao et al., "Efficient Streaming Language Models with
+    Attention Sinks", ICLR 2024; in Wan's causal VAE the first latent frame is the first
+    image frame alone, and the embedded model's clips lose their background, colours and sizes
+    when later frames cannot see it); every query sees every text key and every text query
+    sees every key. A block pair
     (``block_m`` query tokens × ``block_n`` key tokens, blocks cut from the joint sequence of
     length L = frames·height·width + text_len) is kept iff any token pair in it is allowed.
 
@@ -52,10 +57,14 @@ def build_video_mask(frames: int, height: int, width: int, text_len: int, block_
     reduced per key block. num_q_blocks = cdiv(L, block_m), num_k_blocks = cdiv(L, block_n).
 
     Raises:
-        ValueError: non-positive sizes, negative text_len or window, blocks not in 16..128.
+        ValueError: non-positive sizes, negative text_len or window, blocks not in 16..128,
+            sink_frames outside [0, frames].
     """
     window = tuple(window)
     _check_layout(frames, height, width, text_len, block_m, block_n, window)
+    if not isinstance(sink_frames, int) or not 0 <= sink_frames <= frames:
+        raise ValueError(f"sink_frames must be an int in [0, frames={frames}], "
+                         f"got {sink_frames!r}")
     n_video = frames * height * width
     total = n_video + text_len
     nqb, nkb = _cdiv(total, block_m), _cdiv(total, block_n)
@@ -74,6 +83,8 @@ def build_video_mask(frames: int, height: int, width: int, text_len: int, block_
         keys = torch.zeros(len(ids), nkb * block_n, dtype=torch.bool, device=device)
         keys[:, :n_video] = reach.view(len(ids), n_video) > 0
         mask[lo:lo + len(ids)] = keys.view(len(ids), nkb, block_n).any(dim=-1)
+    if sink_frames:
+        mask[:, :_cdiv(sink_frames * height * width, block_n)] = True  # sink key blocks
     if text_len:
         mask[:, n_video // block_n:] = True  # key blocks holding a text token
         mask[n_video // block_m:, :] = True  # query blocks holding a text token

@@ -8,18 +8,19 @@ import torch
 
 
 def video_token_mask(frames: int, height: int, width: int, text_len: int,
-                     window: tuple[int, int, int]) -> torch.Tensor:
+                     window: tuple[int, int, int], sink_frames: int = 0) -> torch.Tensor:
     """(L, L) bool, L = frames·height·width + text_len: True where query i may see key j.
 
     Video tokens (frame-major, then rows, then columns) see each other within the window
-    half-extents (t, h, w); text tokens see and are seen by everything.
+    half-extents (t, h, w), and every video token of the first ``sink_frames`` frames; text
+    tokens see and are seen by everything.
     """
     n_video = frames * height * width
     idx = torch.arange(n_video)
     f, r, c = idx // (height * width), (idx // width) % height, idx % width
     t, h, w = window
     video = (((f[:, None] - f[None, :]).abs() <= t) & ((r[:, None] - r[None, :]).abs() <= h)
-             & ((c[:, None] - c[None, :]).abs() <= w))
+             & ((c[:, None] - c[None, :]).abs() <= w)) | (f[None, :] < sink_frames)
     total = n_video + text_len
     mask = torch.ones(total, total, dtype=torch.bool)
     mask[:n_video, :n_video] = video
