@@ -34,3 +34,12 @@ def write_block(name: str, body: str, heading: str, doc: Path = DOC) -> None:
     tmp = doc.with_name(doc.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(doc)
+
+
+def save_result(out: Path, result: dict) -> None:
+    """Writes a benchmark's result JSON to ``out`` atomically (a sibling, then rename)."""
+    import json
+
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(out)

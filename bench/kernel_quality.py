@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.doc import ROOT, write_block
+from bench.doc import ROOT, save_result, write_block
 
 # (name, STUDIO_ATTENTION value); the first is the reference
 SETTINGS = (("sdpa", ""), ("flash", "flash"), ("sage, fp8 P·V (Hopper)", "sage,pv_fp8"),
@@ -203,9 +203,7 @@ def main(argv: list[str]) -> int:
               "all_within_bar": all(r.get("within_bar", True)
                                     for rows in results.values() for r in rows),
               "seconds": round(time.time() - started, 1), "file": out.name}
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.replace(out)
+    save_result(out, result)
     table = markdown(result)
     print(table)
     if args.write:

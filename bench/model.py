@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.doc import ROOT, write_block
+from bench.doc import ROOT, save_result, write_block
 
 MODES = ("t2i", "t2v", "i2v", "r2v", "i2i")
 MODEL = "embedded"
@@ -383,9 +383,7 @@ def main(argv: list[str]) -> int:
               "speed_s": speed, "modes": results, "bars": bars(results, speed),
               "vae_ceiling": ceiling,
               "seconds": round(time.time() - started, 1), "file": out.name}
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.replace(out)
+    save_result(out, result)
     table = markdown(result)
     print(table)
     if args.write:
