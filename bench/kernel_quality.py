@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -109,7 +108,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from bench.model import MODEL, _studio_json, build_samples, run_job, score
+    from bench.model import MODEL, build_samples, run_header, run_job, score
 
     ap = argparse.ArgumentParser(prog="python -m bench kernel-quality")
     ap.add_argument("--model", default=MODEL, help="model id or folder (default: embedded)")
@@ -193,16 +192,13 @@ def main(argv: list[str]) -> int:
         else:
             os.environ[ATTENTION_ENV] = saved
     order = ("background", "count", "colour", "shape", "size", "position", "motion")
-    date = time.strftime("%Y-%m-%d")
-    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"{date}-kernel-quality.json"
-    result = {"command": "python -m bench kernel-quality " + " ".join(argv), "date": date,
-              "machine": platform.platform(), "torch_threads": args.threads,
-              "machine_note": f"{torch.get_num_threads()} CPU threads",
-              "model": entry.description, "training_step": _studio_json(entry).get("training_step"),
-              "attributes": [a for a in order if a in attributes], "modes": results,
-              "all_within_bar": all(r.get("within_bar", True)
-                                    for rows in results.values() for r in rows),
-              "seconds": round(time.time() - started, 1), "file": out.name}
+    result = run_header("kernel-quality", argv, entry, args.threads)
+    out = Path(args.out) if args.out else (ROOT / "bench" / "results" /
+                                           f"{result['date']}-kernel-quality.json")
+    result |= {"attributes": [a for a in order if a in attributes], "modes": results,
+               "all_within_bar": all(r.get("within_bar", True)
+                                     for rows in results.values() for r in rows),
+               "seconds": round(time.time() - started, 1), "file": out.name}
     save_result(out, result)
     table = markdown(result)
     print(table)

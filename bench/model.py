@@ -318,6 +318,18 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def run_header(bench: str, argv: list[str], entry, threads: int) -> dict:
+    """What every embedded-model benchmark result starts with: the command, date, machine,
+    threads, and the model with its training step."""
+    import torch
+
+    return {"command": f"python -m bench {bench} " + " ".join(argv),
+            "date": time.strftime("%Y-%m-%d"), "machine": platform.platform(),
+            "torch_threads": threads, "machine_note": f"{torch.get_num_threads()} CPU threads",
+            "model": entry.description,
+            "training_step": _studio_json(entry).get("training_step")}
+
+
 def _studio_json(entry) -> dict:
     path = Path(entry.path) / "studio.json"
     return json.loads(path.read_text()) if path.exists() else {}
@@ -374,15 +386,11 @@ def main(argv: list[str]) -> int:
         ceiling = vae_ceiling(Path(entry.path) / "vae", args.prompts, caps.default_frames,
                               caps.default_width)
         print(f"vae ceiling: {json.dumps(ceiling)}", flush=True)
-    date = time.strftime("%Y-%m-%d")
-    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"{date}-model.json"
-    result = {"command": "python -m bench model " + " ".join(argv), "date": date,
-              "machine": platform.platform(), "torch_threads": args.threads,
-              "machine_note": f"{torch.get_num_threads()} CPU threads",
-              "model": entry.description, "training_step": _studio_json(entry).get("training_step"),
-              "speed_s": speed, "modes": results, "bars": bars(results, speed),
-              "vae_ceiling": ceiling,
-              "seconds": round(time.time() - started, 1), "file": out.name}
+    result = run_header("model", argv, entry, args.threads)
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"{result['date']}-model.json"
+    result |= {"speed_s": speed, "modes": results, "bars": bars(results, speed),
+               "vae_ceiling": ceiling,
+               "seconds": round(time.time() - started, 1), "file": out.name}
     save_result(out, result)
     table = markdown(result)
     print(table)
