@@ -9,9 +9,10 @@ branch) each, timed with CUDA events (median), for:
   (``flash``, ``sage``; ``sparse`` on the video model), output cosine similarity to stock;
 * fused block ops (:mod:`studio.engine.fused_blocks`: AdaLN norm, QK-norm + RoPE, gated
   residual in Wan blocks);
-* precision: torchao int8-dynamic / fp8-dynamic on the denoiser (if torchao imports), alone
-  and with our attention and fused block ops: "ours", the per-step figure of issue 7, whose targets (Wan >= 1.4x,
-  Flux >= 1.5x stock bf16; no caching) are printed beside it with PASS/FAIL;
+* precision: our fp8-rowwise linears (studio.kernels.fp8_linear + torch._scaled_mm) alone and
+  with our attention and fused block ops: "ours", the per-step figure of issue 7, whose
+  targets (Wan >= 1.4x, Flux >= 1.5x stock bf16; no caching) are printed beside it with
+  PASS/FAIL; then torchao's fp8-dynamic (int8-dynamic below Hopper), the library baseline;
 * the step cache's overhead on a full step (hooks on, threshold 0: must be ~free);
 * the parallel code path at degree 1 (a 1-rank group: mesh, per-step cancel all-reduce and
   host sync), which must cost ≤ 3% of a step.
@@ -170,7 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     from studio.engine import fused_blocks
     from studio.engine.attention import AttentionConfig, apply_attention, remove_attention
     from studio.engine.caching import StepCacheConfig, apply_step_cache, remove_step_cache
-    from studio.engine.precision import apply_precision, precision_supported
+    from studio.engine.precision import (
+        apply_fp8_rowwise,
+        apply_precision,
+        precision_supported,
+    )
 
     ap = argparse.ArgumentParser(prog="python -m bench.gpu.engine")
     ap.add_argument("--cpu-smoke", action="store_true")
@@ -185,8 +190,19 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     device = torch.device("cpu" if args.cpu_smoke or not torch.cuda.is_available() else "cuda")
-    precision = ("fp8-dynamic" if precision_supported("fp8-dynamic", device) is None
-                 else "int8-dynamic")
+    # ours first (the "ours" rows), then torchao's, the library baseline, in the same run
+    precisions = (["fp8-rowwise", "fp8-dynamic"]
+                  if precision_supported("fp8-rowwise", device) is None
+                  else ["fp8-dynamic"] if precision_supported("fp8-dynamic", device) is None
+                  else ["int8-dynamic"])
+    if device.type == "cpu":  # --cpu-smoke: ours on the CPU's torch._scaled_mm, then torchao
+        precisions = ["fp8-rowwise", "int8-dynamic"]
+
+    def apply(model, precision):
+        if precision == "fp8-rowwise" and device.type == "cpu":
+            return f"{apply_fp8_rowwise(model)} block linears in fp8 row-wise (CPU smoke)"
+        return apply_precision(model, precision, device)
+
     rows = []
 
     def timed(name, lever, fwd, stock, base_s, optional=False, **extra):
@@ -256,28 +272,40 @@ def main(argv: list[str] | None = None) -> int:
                 row = timed(name, lever, f, stock, base_s, optional=True)
                 if "ms" in row:
                     row["note"] = f"overhead {(row['ms'] / (base_s * 1e3) - 1) * 100:+.1f}%"
-            # precision last: torchao transforms the weights in place
-            try:
-                note = apply_precision(model, precision, device)
-            except Exception as exc:
-                rows.append(dict(model=name, lever=f"precision {precision}",
-                                 error=f"{type(exc).__name__}: {str(exc)[:200]}"))
-                log(f"{name}: precision {precision} failed: {rows[-1]['error']}")
-            else:
+            # precision last. Ours (fp8-rowwise) swaps the block linears: the originals are
+            # kept and put back, then torchao's fp8-dynamic (the library baseline) transforms
+            # the weights in place.
+            target = PER_STEP_TARGETS["wan" if video else "flux"]
+            fused = " + fused block ops" if fusable else ""
+            originals = {n: m for n, m in model.named_modules()
+                         if isinstance(m, torch.nn.Linear)}
+            for precision in precisions:
+                try:
+                    note = apply(model, precision)
+                except Exception as exc:
+                    rows.append(dict(model=name, lever=f"precision {precision}",
+                                     error=f"{type(exc).__name__}: {str(exc)[:200]}"))
+                    log(f"{name}: precision {precision} failed: {rows[-1]['error']}")
+                    continue
                 timed(name, f"precision {precision}", fwd, stock, base_s, note=note)
-                target = PER_STEP_TARGETS["wan" if video else "flux"]
                 fused_blocks.set_fused(model, fusable)
-                fused = " + fused block ops" if fusable else ""
-                for kernel in ["sage"] + (["sparse"] if video else []):
+                ours = precision == precisions[0]
+                for kernel in ["sage"] + (["sparse"] if video and ours else []):
                     stats = apply_attention(model, AttentionConfig(
                         kernel=kernel, sparse_inner="sage"))
-                    row = timed(name, f"ours: attention {kernel}{fused} + {precision}", fwd,
-                                stock, base_s, calls=stats)
+                    row = timed(name, f"{'ours: ' if ours else ''}attention {kernel}{fused} "
+                                f"+ {precision}", fwd, stock, base_s, calls=stats)
                     remove_attention(model)
-                    if "ms" in row:
+                    if "ms" in row and ours:
                         ok = row["speedup"] >= target
                         row["note"] = (f"issue 7 target x{target:.1f}: "
                                        f"{'PASS' if ok else 'FAIL'}")
+                fused_blocks.set_fused(model, False)
+                if precision == "fp8-rowwise":  # back to the bf16 linears
+                    for n, m in originals.items():
+                        parent, _, child = n.rpartition(".")
+                        setattr(model.get_submodule(parent) if parent else model, child, m)
+            del originals
             del model, inputs, stock
             if device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -287,6 +287,34 @@ def correctness(device: str, smoke: bool) -> Checks:
             checks.add(name, ok, bf16_detail(out, ref))
 
         checks.run(name, check_qk)
+
+    def check_fp8_linear():
+        from studio.kernels.fp8_linear import LAUNCHES as FP8_LAUNCHES
+        from studio.kernels.fp8_linear import (
+            fp8_linear,
+            fp8_linear_reference,
+            quantize_rows_fp8,
+            quantize_rows_fp8_reference,
+            quantize_weight_fp8,
+        )
+
+        m, kf, nf = (77, 96, 48) if smoke else (1000, 3072, 3072)
+        x = randn(m, kf, dtype=torch.bfloat16, scale=3.0)
+        before = FP8_LAUNCHES["triton"]
+        x8, xs = quantize_rows_fp8(x)
+        want8, want_s = quantize_rows_fp8_reference(x)
+        # GPU fp32 division may move a value by one fp8 step: count, don't demand equality
+        moved = (x8.float() != want8.float()).float().mean().item()
+        w8, ws = quantize_weight_fp8(randn(nf, kf, scale=0.05))
+        bias = randn(nf, dtype=torch.bfloat16)
+        cos, rel = quality(fp8_linear(x, w8, ws, bias), fp8_linear_reference(x, w8, ws, bias))
+        ok = (ran_triton(FP8_LAUNCHES, before, 2) and moved < 1e-3 and cos >= 0.9999
+              and torch.allclose(xs, want_s, rtol=1e-6))
+        checks.add("fp8_linear row-wise", ok, f"quantized values off the reference: "
+                   f"{moved:.1e} (< 1e-3); linear vs float32 emulation cos {cos:.6f} "
+                   f"(>= 0.9999), rel L1 {rel:.4f}")
+
+    checks.run("fp8_linear row-wise", check_fp8_linear)
     return checks
 
 
@@ -376,7 +404,12 @@ def time_attention(shape: dict, timings: Timings, best_config) -> object:
         build_video_mask,
     )
     from studio.kernels.sage_attention import device_supports_fp8, sage_attention
-    from studio.kernels.sage_attention.reference import quantize_qk, quantize_v_fp8
+    from studio.kernels.sage_attention.op import (
+        quantize_int8_fused,
+        quantize_v_fp8_fused,
+        use_launch,
+    )
+    from studio.kernels.sage_attention.reference import k_mean, quantize_qk, quantize_v_fp8
 
     name, b, h, s, d = (shape[k] for k in ("name", "batch", "heads", "seq", "head_dim"))
     flops = 4.0 * b * h * s * s * d
@@ -395,6 +428,17 @@ def time_attention(shape: dict, timings: Timings, best_config) -> object:
                 return F.scaled_dot_product_attention(q, k, v)
 
         timings.run(name, label, sdpa, flops)
+    timings.run(name, "sdpa default (what stock diffusers runs)",
+                lambda: F.scaled_dot_product_attention(q, k, v), flops, baseline=base)
+    # diffusers hands attention (batch, seq, heads, dim) tensors transposed: the same data in
+    # that layout, to see what the strides cost each path
+    qt, kt, vt = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    timings.run(name, "sdpa default, diffusers' strided layout",
+                lambda: F.scaled_dot_product_attention(qt, kt, vt), flops, baseline=base)
+    timings.run(name, "studio attention, diffusers' strided layout",
+                lambda: attention(qt, kt, vt, out=out), flops, baseline=base)
+    timings.run(name, "studio sage fp8 P·V, diffusers' strided layout",
+                lambda: sage_attention(qt, kt, vt, out=out), flops, baseline=base)
 
     if best_config is None:  # sweep a few launch configs on this (the first) shape
         best = (math.inf, None)
@@ -427,12 +471,28 @@ def time_attention(shape: dict, timings: Timings, best_config) -> object:
         timings.run(name, "studio sage fp8 P·V",
                     lambda: sage_attention(q, k, v, pv_fp8=True, out=out), flops, baseline=base)
 
-    def quantize_only():
+    def quantize_fused():
+        quantize_int8_fused(q, 128, 1.0 / math.sqrt(d))
+        quantize_int8_fused(k, 64, mean=k_mean(k))
+        quantize_v_fp8_fused(v)
+
+    def quantize_eager():
         quantize_qk(q, k, 1.0 / math.sqrt(d), 128, 64)
         quantize_v_fp8(v)
 
-    timings.run(name, "  of which sage quantization (torch)", quantize_only,
+    timings.run(name, "  of which sage quantization (fused Triton)", quantize_fused,
                 note="part of the sage rows")
+    timings.run(name, "  sage quantization in torch eager (before)", quantize_eager,
+                note="what the fused quantizers replace")
+    if shape is WAN and device_supports_fp8(q.device):  # the target shape: a launch sweep
+        for bm, bn, warps, stages in ((128, 128, 8, 3), (128, 64, 4, 3), (128, 64, 8, 4),
+                                      (128, 128, 8, 2), (64, 64, 4, 3), (64, 128, 4, 3)):
+            def sage_cfg(bm=bm, bn=bn, warps=warps, stages=stages):
+                with use_launch(warps, stages):
+                    sage_attention(q, k, v, pv_fp8=True, block_m=bm, block_n=bn, out=out)
+
+            timings.run(name, f"studio sage fp8 P·V {bm}x{bn} w{warps} s{stages}", sage_cfg,
+                        flops, baseline=base)
 
     frames, height, width, text = shape["video"]
     mask = build_video_mask(frames, height, width, text, 128, 64, shape["window"], device=dev)
@@ -488,6 +548,35 @@ def time_norms(timings: Timings, name: str, b: int, s: int, dim: int) -> None:
     timings.run(name, "studio qk_norm_rope",
                 lambda: qk_norm_rope(x, rms.weight, cos, sin, heads=heads, out=out),
                 bytes_moved=moved, baseline="torch rms_norm + rope")
+
+
+LINEAR_SHAPES = [("flux-1024 mlp", 4608, 3072, 12288), ("wan-480p ffn", 32760, 5120, 13824)]
+SMOKE_LINEAR_SHAPES = [("cpu-smoke", 77, 96, 48)]
+
+
+def time_linear(timings: Timings, name: str, rows: int, features: int, out_features: int):
+    """bf16 F.linear against our fp8 row-wise linear (quantizer + torch._scaled_mm) and the
+    parts of it, at a DiT's MLP shape."""
+    import torch
+    import torch.nn.functional as F
+
+    from studio.kernels.fp8_linear import fp8_linear, quantize_rows_fp8, quantize_weight_fp8
+
+    dev = timings.device
+    x = torch.randn(rows, features, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(out_features, features, device=dev, dtype=torch.bfloat16) * 0.02
+    bias = torch.randn(out_features, device=dev, dtype=torch.bfloat16)
+    w8, ws = quantize_weight_fp8(w)
+    flops = 2.0 * rows * features * out_features
+    timings.run(name, "torch linear bf16", lambda: F.linear(x, w, bias), flops)
+    timings.run(name, "studio fp8_linear (row-wise)", lambda: fp8_linear(x, w8, ws, bias), flops,
+                baseline="torch linear bf16")
+    x8, xs = quantize_rows_fp8(x)
+    timings.run(name, "  of which quantize_rows_fp8", lambda: quantize_rows_fp8(x),
+                bytes_moved=3 * x.numel(), note="reads bf16 x, writes fp8")
+    timings.run(name, "  of which torch._scaled_mm", lambda: torch._scaled_mm(
+        x8, w8.t(), scale_a=xs, scale_b=ws[None, :], bias=bias, out_dtype=torch.bfloat16),
+        flops)
 
 
 # ---------------------------------------------------------------------------- report
@@ -555,6 +644,13 @@ def main(argv: list[str] | None = None) -> int:
             best = time_attention(shape, timings, best) or False
         except Exception as exc:
             log(f"error timing {shape['name']}: {exc}")
+            traceback.print_exc()
+        empty_cache()
+    for shape in SMOKE_LINEAR_SHAPES if args.cpu_smoke else LINEAR_SHAPES:
+        try:
+            time_linear(timings, *shape)
+        except Exception as exc:
+            log(f"error timing the fp8 linear at {shape[0]}: {exc}")
             traceback.print_exc()
         empty_cache()
     for shape in norm_shapes:

@@ -30,7 +30,7 @@ fi
 smoke=()
 [[ " $* " == *" --cpu-smoke "* ]] && smoke=(--cpu-smoke)
 status=0
-"$PY" -m bench.gpu.kernels --budget-s 90 "${args[@]}" 2>&1 | tee -a "$log" || status=$?
+"$PY" -m bench.gpu.kernels --budget-s 120 "${args[@]}" 2>&1 | tee -a "$log" || status=$?
 "$PY" -m bench.gpu.engine "${smoke[@]}" ${OUT:+--json "$OUT/engine-gpu.json"} 2>&1 \
   | tee -a "$log" || { rc=$?; [[ $status == 0 ]] && status=$rc; }
 exit "$status"

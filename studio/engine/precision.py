@@ -9,6 +9,11 @@
 ``int8-dynamic``   torchao int8 weights and per-token dynamic int8 activations
 ``fp8-dynamic``    torchao float8 weights and dynamic float8 activations (CUDA compute
                    capability >= 8.9 only)
+``fp8-rowwise``    ours: float8 weights per output channel, activations quantized per token
+                   by one Triton pass (:mod:`studio.kernels.fp8_linear`), products by
+                   ``torch._scaled_mm`` with row-wise scales (CUDA compute capability >= 9.0).
+                   torchao's eager fp8 path spends more on its activation quantization than
+                   the fp8 product saves (bench/gpu/engine.py times both in one run)
 =================  ======================================================================
 
 The transforms replace weights in place, so a runner keeps one precision for its lifetime:
@@ -25,7 +30,7 @@ from __future__ import annotations
 import torch
 
 PRECISIONS = ("as-loaded", "bf16", "fp16", "fp8-storage", "int8-weight", "int8-dynamic",
-              "fp8-dynamic")
+              "fp8-dynamic", "fp8-rowwise")
 
 
 def precision_supported(precision: str, device: torch.device) -> str | None:
@@ -41,14 +46,54 @@ def precision_supported(precision: str, device: torch.device) -> str | None:
             import torchao  # noqa: F401
         except ImportError:
             return "torchao is not installed"
-    if precision == "fp8-dynamic":
+    if precision in ("fp8-dynamic", "fp8-rowwise"):
         if device.type != "cuda":
             return "fp8 matrix multiplies need a CUDA GPU"
-        if torch.cuda.get_device_capability(device) < (8, 9):
+        need = (8, 9) if precision == "fp8-dynamic" else (9, 0)  # row-wise scales: Hopper+
+        if torch.cuda.get_device_capability(device) < need:
             cap = torch.cuda.get_device_capability(device)
-            return f"fp8 matrix multiplies need compute capability >= 8.9 (this GPU: " \
-                   f"{cap[0]}.{cap[1]})"
+            return (f"{'row-wise ' if need == (9, 0) else ''}fp8 matrix multiplies need "
+                    f"compute capability >= {need[0]}.{need[1]} (this GPU: {cap[0]}.{cap[1]})")
     return None
+
+
+class Fp8RowwiseLinear(torch.nn.Module):
+    """A ``torch.nn.Linear`` whose product runs in float8 with row-wise scales
+    (:func:`studio.kernels.fp8_linear.fp8_linear`): weight (out, in) float8 e4m3 with one
+    float32 scale per output channel, quantized once here; activations per token at each call.
+    Input (..., in_features) in the compute dtype; output (..., out_features) in the same."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        from studio.kernels.fp8_linear import quantize_weight_fp8
+
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight_fp8, weight_scale = quantize_weight_fp8(linear.weight)
+        self.register_buffer("weight_fp8", weight_fp8)
+        self.register_buffer("weight_scale", weight_scale)
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from studio.kernels.fp8_linear import fp8_linear
+
+        return fp8_linear(x, self.weight_fp8, self.weight_scale, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fp8 row-wise"
+
+
+def apply_fp8_rowwise(denoiser: torch.nn.Module) -> int:
+    """Swaps the blocks' linear layers (:func:`_block_linears_filter`) whose feature counts are
+    multiples of 16 for :class:`Fp8RowwiseLinear`, in place. Returns how many were swapped.
+    Runs on any device where ``torch._scaled_mm`` does (tests use the CPU's)."""
+    swaps = [(name, module) for name, module in denoiser.named_modules()
+             if _block_linears_filter(module, name)
+             and module.in_features % 16 == 0 and module.out_features % 16 == 0]
+    for name, module in swaps:
+        parent_name, _, child = name.rpartition(".")
+        parent = denoiser.get_submodule(parent_name) if parent_name else denoiser
+        setattr(parent, child, Fp8RowwiseLinear(module))
+    return len(swaps)
 
 
 def _block_linears_filter(module: torch.nn.Module, fqn: str) -> bool:
@@ -81,6 +126,9 @@ def apply_precision(denoiser: torch.nn.Module, precision: str, device: torch.dev
         denoiser.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn,
                                           compute_dtype=compute)
         return f"denoiser weights stored in fp8 e4m3, computed in {str(compute)[6:]}"
+    if precision == "fp8-rowwise":
+        swapped = apply_fp8_rowwise(denoiser)
+        return f"denoiser linear layers in fp8 with row-wise scales: {swapped} (studio kernels)"
     from torchao.quantization import (
         Float8DynamicActivationFloat8WeightConfig,
         Int8DynamicActivationInt8WeightConfig,

@@ -74,3 +74,22 @@ def test_executor_loads_one_runner_per_precision(tiny_models):
     assert executor.load_count == 2
     assert "int8-weight" in quant.precision_notes[0]
     assert plain.base.transformer.blocks[0].ffn.net[0].proj.weight.dtype == torch.float32
+
+
+def test_fp8_rowwise_swaps_the_block_linears_and_stays_close():
+    """Our fp8 row-wise precision on the CPU's torch._scaled_mm: every block linear with
+    16-aligned features becomes an fp8 layer, the output stays close to float32, and the
+    precision is refused off Hopper with the reason."""
+    from studio.engine.precision import Fp8RowwiseLinear, apply_fp8_rowwise
+
+    reference = output(model())
+    m = model()
+    swapped = apply_fp8_rowwise(m)
+    layers = [mod for mod in m.modules() if isinstance(mod, Fp8RowwiseLinear)]
+    assert swapped == len(layers) == 2 * 10  # per block: q, k, v, out x 2 attentions + 2 ffn
+    assert m.blocks[0].ffn.net[0].proj.weight_fp8.dtype == torch.float8_e4m3fn
+    assert isinstance(m.proj_out, torch.nn.Linear)  # outside the blocks: left alone
+    got = output(m)
+    cos = torch.nn.functional.cosine_similarity(got.flatten(), reference.flatten(), dim=0)
+    assert cos >= 0.99 and not torch.equal(got, reference)
+    assert "CUDA" in precision_supported("fp8-rowwise", CPU)

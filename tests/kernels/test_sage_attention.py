@@ -138,3 +138,33 @@ def test_transposed_inputs_with_whole_blocks(pv_fp8):
     cos, _ = quality(got, want)
     # the interpreter's fp8 rounding is not the emulation's (README: >= 0.99 there)
     assert cos > (0.99 if pv_fp8 else 0.9999)
+
+
+@pytest.mark.parametrize("seq,block,dtype", [(77, 32, torch.bfloat16), (129, 64, torch.float16),
+                                             (200, 128, torch.float32)], ids=str)
+def test_fused_quantizers_match_the_reference(seq, block, dtype):
+    """The one-pass Triton quantizers the kernel now uses give the reference's int8 values,
+    scales and fp8 values, on diffusers' transposed (batch, seq, heads, dim) layout, odd token
+    counts and poisoned output buffers."""
+    from studio.kernels.sage_attention.op import quantize_int8_fused, quantize_v_fp8_fused
+    from studio.kernels.sage_attention.reference import k_mean
+
+    g = torch.Generator().manual_seed(seq)
+    heads, dim = 3, 64
+    x = (torch.randn(2, seq, heads, dim, generator=g) * 3).to(dtype).transpose(1, 2)
+    x = x + torch.randn(1, heads, 1, dim, generator=g).to(dtype)  # a channel offset, as K has
+    x = x.transpose(1, 2).contiguous().transpose(1, 2)  # strided like diffusers' q/k/v
+    nblocks = -(-seq // block)
+    for pre_scale, mean in ((0.18, None), (1.0, k_mean(x))):
+        out = torch.full((2, heads, seq, dim), 99, dtype=torch.int8)
+        scales = torch.full((2, heads, nblocks), float("nan"))
+        quantize_int8_fused(x, block, pre_scale, mean, out=out, scales=scales)
+        source = x.float() * pre_scale if mean is None else smooth_k(x)
+        want, want_scales = quantize_per_block(source, block)
+        assert torch.equal(out, want)
+        torch.testing.assert_close(scales, want_scales, rtol=0, atol=0)
+    v8, v_scales = quantize_v_fp8_fused(x)
+    want8, want_vs = quantize_v_fp8(x)
+    assert v8.shape == x.shape and v8.stride()[2] == 1  # K-major: tokens contiguous
+    assert torch.equal(v8.float(), want8.float())
+    torch.testing.assert_close(v_scales, want_vs, rtol=0, atol=0)

@@ -29,6 +29,7 @@ def sage_attention_fwd_kernel(
     BLOCK_N: tl.constexpr,  # = the quantization block of K (one scale per BLOCK_N rows)
     PV_FP8: tl.constexpr,  # V holds float8_e4m3fn values scaled per channel by VS
     DOT_IN_FP32: tl.constexpr,  # interpreter only: its bf16 tl.dot multiplies raw uint16 bits
+    EMULATE_RNE: tl.constexpr = False,  # interpreter only: see to_e4m3
 ):
     """One program = BLOCK_M queries of one (batch, head). Grid: (num_q_blocks, batch*heads).
 
@@ -86,7 +87,7 @@ def sage_attention_fwd_kernel(
         if PV_FP8:
             # Static scale 448 on P (its max is 1); the per-block product is accumulated
             # separately, then added in fp32: SageAttention2's two-level accumulation.
-            p8 = (p * 448.0).to(tl.float8e4nv)  # [BLOCK_M, BLOCK_N]
+            p8 = to_e4m3(p * 448.0, DOT_IN_FP32 or EMULATE_RNE)  # [BLOCK_M, BLOCK_N]
             pv = tl.dot(p8, v, out_dtype=tl.float32)  # [BLOCK_M, HEAD_DIM]
         elif DOT_IN_FP32:
             pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))  # [BLOCK_M, HEAD_DIM]
@@ -100,3 +101,101 @@ def sage_attention_fwd_kernel(
         acc = acc * (v_scale * (1.0 / 448.0))[None, :]
     finish_rows(acc, m_i, l_i, Out + b * stride_ob + h * stride_oh, stride_os, LSE + bh * seq_q,
                 offs_m, seq_q, HEAD_DIM)
+
+
+@triton.jit
+def _round_half_even(y):
+    """torch.round's rounding (half to even) on fp32, with floor alone (no libdevice, so the
+    interpreter and every Triton version agree)."""
+    f = tl.floor(y)
+    d = y - f
+    odd = f - 2.0 * tl.floor(f * 0.5)  # 1.0 for odd f, 0.0 for even (negative f too)
+    return tl.where(d > 0.5, f + 1.0, tl.where(d < 0.5, f, f + odd))
+
+
+@triton.jit
+def to_e4m3(x, EMULATE_RNE: tl.constexpr):
+    """fp32 -> float8 e4m3 (finite, |x| <= 448), rounding to nearest even. The GPU's cvt does
+    that; Triton's interpreter instead rounds ties away and drops the carry into the exponent
+    (125.9 -> 64), so under it (EMULATE_RNE) x is first rounded onto the e4m3 grid here and the
+    cast is exact."""
+    if EMULATE_RNE:
+        a = tl.abs(x)
+        e = tl.maximum(tl.floor(tl.log2(tl.maximum(a, 1e-30))), -6.0)  # subnormals: ulp 2^-9
+        ulp = tl.exp2(e - 3.0)
+        x = tl.where(x < 0, -1.0, 1.0) * _round_half_even(a / ulp) * ulp
+    return x.to(tl.float8e4nv)
+
+
+@triton.jit
+def quantize_int8_per_block_kernel(
+    X, MEAN, Out, Scales,
+    stride_xb, stride_xh, stride_xs,
+    num_heads, seq, num_blocks, pre_scale,
+    SUBTRACT_MEAN: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One program = one block of BLOCK tokens of one (batch, head): one read of x, one write
+    of int8 (what ``reference.quantize_per_block`` does in ~8 eager passes).
+
+    X: (batch, heads, seq, HEAD_DIM) fp16/bf16/fp32, any batch/head/seq strides (unit channel
+    stride). MEAN: (batch*heads, HEAD_DIM) fp32, subtracted when SUBTRACT_MEAN (K smoothing).
+    y = x·pre_scale - mean; scale = max(absmax(y over the block)/127, fp32 tiny);
+    Out: contiguous (batch, heads, seq, HEAD_DIM) int8 = round_half_even(y / scale);
+    Scales: (batch*heads, num_blocks) fp32. Grid: (num_blocks, batch*heads).
+    """
+    pid = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    bh = pid_bh.to(tl.int64)
+    b = (pid_bh // num_heads).to(tl.int64)
+    h = (pid_bh % num_heads).to(tl.int64)
+    rows = pid * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    offs_d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
+    ok = rows < seq  # [BLOCK]
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + b * stride_xb + h * stride_xh + rows64[:, None] * stride_xs
+                + offs_d[None, :], mask=ok[:, None], other=0.0)  # [BLOCK, HEAD_DIM]
+    y = x.to(tl.float32) * pre_scale
+    if SUBTRACT_MEAN:
+        mean = tl.load(MEAN + bh * HEAD_DIM + offs_d)  # [HEAD_DIM] fp32
+        y = tl.where(ok[:, None], y - mean[None, :], 0.0)
+    amax = tl.max(tl.max(tl.abs(y), 1), 0)  # scalar
+    scale = tl.maximum(amax / 127.0, 1.1754943508222875e-38)
+    q = tl.minimum(tl.maximum(_round_half_even(y / scale), -127.0), 127.0)
+    tl.store(Out + (bh * seq + rows64)[:, None] * HEAD_DIM + offs_d[None, :],
+             q.to(tl.int8), mask=ok[:, None])
+    tl.store(Scales + bh * num_blocks + pid, scale)
+
+
+@triton.jit
+def quantize_v_fp8_kernel(
+    V, VS, Out,
+    stride_vb, stride_vh, stride_vs,
+    num_heads, seq,
+    HEAD_DIM: tl.constexpr,
+    BLOCK: tl.constexpr,
+    EMULATE_RNE: tl.constexpr,  # interpreter only: see to_e4m3
+):
+    """V / its channel scale, cast to float8 e4m3 and stored seq-contiguous per channel, the
+    K-major operand layout Hopper's fp8 wgmma wants (one read, one write).
+
+    V: (batch, heads, seq, HEAD_DIM) any batch/head/seq strides; VS: (batch*heads, HEAD_DIM)
+    fp32 channel scales (absmax/448); Out: contiguous (batch, heads, HEAD_DIM, seq) fp8 e4m3.
+    Grid: (cdiv(seq, BLOCK), batch*heads).
+    """
+    pid = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    bh = pid_bh.to(tl.int64)
+    b = (pid_bh // num_heads).to(tl.int64)
+    h = (pid_bh % num_heads).to(tl.int64)
+    rows = pid * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    offs_d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
+    ok = rows < seq
+    rows64 = rows.to(tl.int64)
+    v = tl.load(V + b * stride_vb + h * stride_vh + rows64[:, None] * stride_vs
+                + offs_d[None, :], mask=ok[:, None], other=0.0)  # [BLOCK, HEAD_DIM]
+    scale = tl.load(VS + bh * HEAD_DIM + offs_d)  # [HEAD_DIM]
+    v8 = to_e4m3(v.to(tl.float32) / scale[None, :], EMULATE_RNE)
+    tl.store(Out + bh * HEAD_DIM * seq + offs_d.to(tl.int64)[None, :] * seq + rows64[:, None],
+             v8, mask=ok[:, None])

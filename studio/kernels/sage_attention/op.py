@@ -5,18 +5,21 @@ Public entry point: :func:`sage_attention`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import Counter
+from collections.abc import Iterator
 
 import torch
 
 from .. import _runtime as rt
 from ..attention.op import check_inputs as check_attention_inputs
 from .reference import (
+    LOG2E,
+    k_mean,
     pv_dtype_for,
-    quantize_qk,
-    quantize_v_fp8,
     sage_attention_reference,
+    v_fp8_scales,
 )
 
 try:  # Triton is optional: without it the torch emulation runs.
@@ -34,6 +37,22 @@ FP8_MIN_CAPABILITY = (8, 9)
 LAUNCHES: Counter[str] = Counter()
 
 
+_launch_override: tuple[int, int] | None = None
+
+
+@contextlib.contextmanager
+def use_launch(num_warps: int, num_stages: int) -> Iterator[None]:
+    """Force Triton's num_warps / num_stages for the attention kernel in this block (bench/gpu
+    sweeps launch configurations with it; the tiles are sage_attention's block_m/block_n).
+    Not thread-safe: a process-wide setting."""
+    global _launch_override
+    previous, _launch_override = _launch_override, (num_warps, num_stages)
+    try:
+        yield
+    finally:
+        _launch_override = previous
+
+
 def device_supports_fp8(device: torch.device) -> bool:
     """True on CUDA devices of compute capability >= 8.9 (Ada, Hopper, Blackwell)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= FP8_MIN_CAPABILITY
@@ -44,14 +63,59 @@ def fallback_reason(q: torch.Tensor) -> str | None:
     return rt.attention_fallback_reason(_kernel, "sage_attention_fwd_kernel", q)
 
 
+def quantize_int8_fused(x: torch.Tensor, block: int, pre_scale: float = 1.0,
+                        mean: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                        scales: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`reference.quantize_per_block` of ``x·pre_scale - mean`` in one Triton pass.
+
+    x: (batch, heads, seq, head_dim) fp16/bf16/fp32 with a unit channel stride (any other
+    strides, e.g. diffusers' transposed (batch, seq, heads, head_dim)); mean: optional
+    (batch, heads, head_dim) float32; out, scales: optional contiguous buffers of the results'
+    shapes and dtypes (tests poison them). Returns (int8 (batch, heads, seq, head_dim)
+    contiguous, scales (batch, heads, cdiv(seq, block)) float32), bit-identical to the
+    reference under the interpreter (the GPU's fp32 division may move a value by one step).
+    Needs Triton (a CUDA tensor, or TRITON_INTERPRET=1 on the CPU)."""
+    batch, heads, seq, head_dim = x.shape
+    nblocks = -(-seq // block)
+    if out is None:
+        out = torch.empty(batch, heads, seq, head_dim, device=x.device, dtype=torch.int8)
+    if scales is None:
+        scales = torch.empty(batch, heads, nblocks, device=x.device, dtype=torch.float32)
+    mean_arg = mean.contiguous() if mean is not None else scales
+    _kernel.quantize_int8_per_block_kernel[(nblocks, batch * heads)](
+        x, mean_arg, out, scales, x.stride(0), x.stride(1), x.stride(2),
+        heads, seq, nblocks, float(pre_scale),
+        SUBTRACT_MEAN=mean is not None, HEAD_DIM=head_dim, BLOCK=block,
+        num_warps=1 if rt.is_interpreted(_kernel.quantize_int8_per_block_kernel) else 4)
+    return out, scales
+
+
+def quantize_v_fp8_fused(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`reference.quantize_v_fp8` with the cast in one Triton pass, stored
+    (batch, heads, head_dim, seq) contiguous and returned as its (batch, heads, seq, head_dim)
+    transposed view, so the fp8 P·V operand is K-major (Hopper's wgmma wants it). Returns
+    (v_fp8 view, scales (batch, heads, head_dim) float32)."""
+    batch, heads, seq, head_dim = v.shape
+    scales = v_fp8_scales(v)
+    interpreted = rt.is_interpreted(_kernel.quantize_v_fp8_kernel)
+    out = torch.empty(batch, heads, head_dim, seq, device=v.device, dtype=torch.float8_e4m3fn)
+    block = 64
+    _kernel.quantize_v_fp8_kernel[(-(-seq // block), batch * heads)](
+        v, scales, out, v.stride(0), v.stride(1), v.stride(2), heads, seq,
+        HEAD_DIM=head_dim, BLOCK=block, EMULATE_RNE=interpreted,
+        num_warps=1 if interpreted else 4)
+    return out.transpose(-1, -2), scales
+
+
 def _launch(q, k, v, kv_lengths, scale, pv_fp8, block_m, block_n, out, lse) -> None:
     batch, heads, seq_q, head_dim = q.shape
     seq_k = k.shape[2]
-    q_int8, q_scales, k_int8, k_scales = quantize_qk(q, k, scale, block_m, block_n)
+    # SageAttention's quantizers, fused: one read of q, one of k (plus its mean), one of v.
+    q_int8, q_scales = quantize_int8_fused(q, block_m, pre_scale=scale * LOG2E)
+    k_int8, k_scales = quantize_int8_fused(k, block_n, mean=k_mean(k))
     if pv_fp8:
-        v_fp8, v_scales = quantize_v_fp8(v)
-        # Stored (batch, heads, head_dim, seq_k) so the fp8 operand is K-major (wgmma wants it).
-        v_op = v_fp8.transpose(-1, -2).contiguous().transpose(-1, -2)
+        v_op, v_scales = quantize_v_fp8_fused(v)
     else:
         v_op = v.to(pv_dtype_for(q.dtype))
         v_scales = q_scales  # unused by the kernel when PV_FP8 is False
@@ -72,8 +136,10 @@ def _launch(q, k, v, kv_lengths, scale, pv_fp8, block_m, block_n, out, lse) -> N
         BLOCK_N=block_n,
         PV_FP8=pv_fp8,
         DOT_IN_FP32=interpreted and v_op.dtype == torch.bfloat16,
-        num_warps=8 if big and block_m >= 128 else 4,
-        num_stages=3 if not interpreted else 1,
+        EMULATE_RNE=interpreted,
+        num_warps=(_launch_override[0] if _launch_override and not interpreted
+                   else 8 if big and block_m >= 128 else 4),
+        num_stages=(1 if interpreted else _launch_override[1] if _launch_override else 3),
     )
 
 

@@ -29,8 +29,13 @@ def smooth_k(k: torch.Tensor) -> torch.Tensor:
     channel-wise offset that real models' keys carry no longer dominates the int8 range.
     k: (batch, heads, seq_k, head_dim) -> same shape, float32.
     """
-    kf = k.float()
-    return kf - kf.mean(dim=2, keepdim=True)
+    return k.float() - k_mean(k)[:, :, None, :]
+
+
+def k_mean(k: torch.Tensor) -> torch.Tensor:
+    """K's mean over tokens, (batch, heads, head_dim) float32 (accumulated in float32 without
+    materialising a float32 copy of k; the fused quantizer uses the same call)."""
+    return k.mean(dim=2, dtype=torch.float32)
 
 
 def quantize_per_block(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,8 +64,15 @@ def quantize_v_fp8(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     head_dim) float32) with v ≈ v_fp8 * scale of the channel.
     """
     vf = v.float()
-    scales = (vf.abs().amax(dim=2) / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
-    return (vf / scales[:, :, None, :]).to(torch.float8_e4m3fn), scales.contiguous()
+    return (vf / (scales := v_fp8_scales(v))[:, :, None, :]).to(torch.float8_e4m3fn), scales
+
+
+def v_fp8_scales(v: torch.Tensor) -> torch.Tensor:
+    """V's per-channel fp8 scales: absmax over tokens / 448, (batch, heads, head_dim) float32
+    contiguous (one pass: ``aminmax`` in v's dtype, exact, then float32)."""
+    low, high = torch.aminmax(v, dim=2)
+    amax = torch.maximum(-low, high).float()
+    return (amax / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny).contiguous()
 
 
 def pv_dtype_for(dtype: torch.dtype) -> torch.dtype:
