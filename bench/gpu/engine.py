@@ -240,6 +240,15 @@ def main(argv: list[str] | None = None) -> int:
                              cosine=1.0))
             log(f"{name}: stock {base_s * 1e3:.1f} ms")
             video = name.startswith("wan")
+            if device.type == "cuda":  # the library's fastest dense attention, for reference
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+
+                def fwd_cudnn(fwd=fwd):
+                    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                        return fwd()
+
+                timed(name, "SDPA forced to cuDNN attention (library)", fwd_cudnn, stock,
+                      base_s)
             kernels = ["sage"] + (["sparse"] if video else []) + ["flash"]
             for kernel in kernels:
                 stats = apply_attention(model, AttentionConfig(
