@@ -162,6 +162,31 @@ def degree_one_rank_group(device: torch.device):
     return per_step
 
 
+def profile_forward(label: str, fwd, device: torch.device, path: str = "") -> str:
+    """The top GPU kernels of one ``fwd()`` by self device time (torch.profiler), as text;
+    also appended to ``path`` when given."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
+                                           if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        fwd()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    events = prof.key_averages()
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    try:
+        table = events.table(sort_by=key, row_limit=14, max_name_column_width=70)
+    except Exception:  # older spellings
+        table = events.table(sort_by="self_cuda_time_total" if device.type == "cuda"
+                             else "self_cpu_time_total", row_limit=14)
+    text = f"### profile: {label}\n{table}\n"
+    if path:
+        with open(path, "a") as fh:
+            fh.write(text)
+    return text
+
+
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(a.float().flatten(), b.float().flatten(),
                                                        dim=0))
@@ -182,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="")
     ap.add_argument("--reps", type=int, default=3,
                     help="timed forwards per figure (median); 2 on the 14B model")
+    ap.add_argument("--profile", default="",
+                    help="write torch.profiler's top kernels of one video-model forward, "
+                         "stock and with sage attention, to this file")
     ap.add_argument("--budget-s", type=float, default=240.0,
                     help="past this many seconds the optional rows (dense flash, fused ops "
                          "alone, step cache, rank group) are skipped; stock and 'ours' run")
@@ -255,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
                     kernel=kernel, sparse_inner="sage" if kernel == "sparse" else "flash"))
                 timed(name, f"attention {kernel}", fwd, stock, base_s, calls=stats,
                       optional=kernel == "flash")
+                if args.profile and video and kernel == "sage":
+                    log(profile_forward(f"{name}, sage attention", fwd, device, args.profile))
+                    remove_attention(model)
+                    log(profile_forward(f"{name}, stock", fwd, device, args.profile))
                 remove_attention(model)
             if fusable:
                 fused_blocks.set_fused(model, True)
@@ -310,10 +342,11 @@ def main(argv: list[str] | None = None) -> int:
                         row["note"] = (f"issue 7 target x{target:.1f}: "
                                        f"{'PASS' if ok else 'FAIL'}")
                 fused_blocks.set_fused(model, False)
-                if precision == "fp8-rowwise":  # back to the bf16 linears
+                if precision == "fp8-rowwise":  # back to the bf16, unfused linears
                     for n, m in originals.items():
                         parent, _, child = n.rpartition(".")
                         setattr(model.get_submodule(parent) if parent else model, child, m)
+                    model.unfuse_qkv_projections()
             del originals
             del model, inputs, stock
             if device.type == "cuda":

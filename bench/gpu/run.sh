@@ -31,6 +31,6 @@ smoke=()
 [[ " $* " == *" --cpu-smoke "* ]] && smoke=(--cpu-smoke)
 status=0
 "$PY" -m bench.gpu.kernels --budget-s 120 "${args[@]}" 2>&1 | tee -a "$log" || status=$?
-"$PY" -m bench.gpu.engine "${smoke[@]}" ${OUT:+--json "$OUT/engine-gpu.json"} 2>&1 \
+"$PY" -m bench.gpu.engine "${smoke[@]}" ${OUT:+--json "$OUT/engine-gpu.json" --profile "$OUT/profile.txt"} 2>&1 \
   | tee -a "$log" || { rc=$?; [[ $status == 0 ]] && status=$rc; }
 exit "$status"

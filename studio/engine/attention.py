@@ -56,6 +56,9 @@ class AttentionConfig:
         sparse_sink_frames: latent frames at the start every video query attends to whole
             (``sparse`` only; see :func:`~studio.kernels.block_sparse_attention.mask.
             build_video_mask`); clamped to the clip's frames.
+        sage_tiles: ``sage``'s (block_m, block_n), its quantization blocks too, each one of
+            16, 32, 64, 128; None: the op's default for the device
+            (:func:`studio.kernels.sage_attention.op.default_tiles`).
 
     Raises:
         ValueError: (at construction) a field out of range, naming it.
@@ -67,8 +70,13 @@ class AttentionConfig:
     block: int = 64
     pv_fp8: bool | None = None
     sparse_sink_frames: int = 1
+    sage_tiles: tuple[int, int] | None = None
 
     def __post_init__(self):
+        if self.sage_tiles is not None and (
+                len(self.sage_tiles) != 2
+                or any(t not in (16, 32, 64, 128) for t in self.sage_tiles)):
+            raise ValueError(f"sage_tiles: {self.sage_tiles!r} must be two of 16, 32, 64, 128")
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel: {self.kernel!r} is not one of {', '.join(KERNELS)}")
         if self.sparse_inner not in ("flash", "sage"):
@@ -91,7 +99,8 @@ def attention_override(text: str | None = None) -> AttentionConfig | None:
     for every profile on any device; None when unset or empty.
 
     Format: a kernel name, then optional comma-separated options: ``sage``, ``sage,pv_fp8``
-    (P·V in FP8 as on Hopper), ``sparse,window=1x4x4``, ``sparse,inner=sage``, ``sparse,sink=0``. On the CPU the
+    (P·V in FP8 as on Hopper), ``sparse,window=1x4x4``, ``sparse,inner=sage``, ``sparse,sink=0``,
+    ``sage,pv_fp8,tiles=64x128`` (sage's tiles = quantization blocks). On the CPU the
     kernels run their torch emulations (:mod:`studio.kernels`), so their numerics can be
     judged on a real model without a GPU (``python -m bench kernel-quality``).
 
@@ -118,6 +127,12 @@ def attention_override(text: str | None = None) -> AttentionConfig | None:
             except ValueError:
                 raise ValueError(f"{ATTENTION_ENV}: window={value!r} is not FxRxC, e.g. "
                                  f"1x4x4") from None
+        elif name == "tiles" and value:
+            try:
+                fields["sage_tiles"] = tuple(int(x) for x in value.split("x"))
+            except ValueError:
+                raise ValueError(f"{ATTENTION_ENV}: tiles={value!r} is not MxN, e.g. "
+                                 f"64x128") from None
         elif name == "inner" and value:
             fields["sparse_inner"] = value
         elif name == "sink" and value:
@@ -127,7 +142,7 @@ def attention_override(text: str | None = None) -> AttentionConfig | None:
                 raise ValueError(f"{ATTENTION_ENV}: sink={value!r} is not a frame count") from None
         else:
             raise ValueError(f"{ATTENTION_ENV}: option {option!r} is not one of pv_fp8, "
-                             f"window=FxRxC, inner=flash|sage, sink=N")
+                             f"window=FxRxC, inner=flash|sage, sink=N, tiles=MxN")
     try:
         return AttentionConfig(**fields)
     except ValueError as exc:
@@ -211,7 +226,9 @@ class _Router(TorchFunctionMode):
         if kernel == "sage":
             from studio.kernels.sage_attention import sage_attention
 
-            return sage_attention(q, k, v, scale=scale, pv_fp8=cfg.pv_fp8)[0]
+            block_m, block_n = cfg.sage_tiles or (None, None)
+            return sage_attention(q, k, v, scale=scale, pv_fp8=cfg.pv_fp8, block_m=block_m,
+                                  block_n=block_n)[0]
         from studio.kernels.attention import attention
 
         return attention(q, k, v, scale=scale)[0]

@@ -82,10 +82,43 @@ class Fp8RowwiseLinear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8 row-wise"
 
 
-def apply_fp8_rowwise(denoiser: torch.nn.Module) -> int:
+def fuse_qkv_projections(denoiser: torch.nn.Module) -> int:
+    """diffusers' fused attention projections (``AttentionMixin.fuse_qkv_projections``: q, k, v
+    of self-attention in one linear, k, v of cross-attention in one), with the separate
+    projections the fused path no longer calls dropped so that nothing holds or quantizes
+    them twice. Exact (concatenated weights). Returns the attention modules fused; 0 for a
+    model without the API or whose processors refuse it (a ValueError from diffusers)."""
+    fuse = getattr(denoiser, "fuse_qkv_projections", None)
+    if fuse is None:
+        return 0
+    try:
+        fuse()
+    except (ValueError, AttributeError):
+        return 0
+    fused = 0
+    for module in denoiser.modules():
+        if not getattr(module, "fused_projections", False):
+            continue
+        fused += 1
+        unused = (("to_q", "to_k", "to_v") if hasattr(module, "to_qkv")
+                  else ("to_k", "to_v") if hasattr(module, "to_kv") else ())
+        unused += (("add_q_proj", "add_k_proj", "add_v_proj")
+                   if hasattr(module, "to_added_qkv")
+                   else ("add_k_proj", "add_v_proj") if hasattr(module, "to_added_kv") else ())
+        for name in unused:
+            if isinstance(getattr(module, name, None), torch.nn.Module):
+                setattr(module, name, None)
+    return fused
+
+
+def apply_fp8_rowwise(denoiser: torch.nn.Module, fuse_qkv: bool = True) -> int:
     """Swaps the blocks' linear layers (:func:`_block_linears_filter`) whose feature counts are
-    multiples of 16 for :class:`Fp8RowwiseLinear`, in place. Returns how many were swapped.
+    multiples of 16 for :class:`Fp8RowwiseLinear`, in place, after fusing the attention
+    projections (:func:`fuse_qkv_projections`; one activation quantization and one larger
+    GEMM for q, k, v) unless ``fuse_qkv`` is False. Returns how many linears were swapped.
     Runs on any device where ``torch._scaled_mm`` does (tests use the CPU's)."""
+    if fuse_qkv:
+        fuse_qkv_projections(denoiser)
     swaps = [(name, module) for name, module in denoiser.named_modules()
              if _block_linears_filter(module, name)
              and module.in_features % 16 == 0 and module.out_features % 16 == 0]

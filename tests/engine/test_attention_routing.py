@@ -157,6 +157,11 @@ def test_studio_attention_env_forces_a_kernel_on_every_profile(monkeypatch):
     assert model._studio_attention[0].pv_fp8 is True and model._studio_attention[1]["sage"] == 4
     cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
     assert 0.99 < cos < 1.0
+    monkeypatch.setenv("STUDIO_ATTENTION", "sage,pv_fp8,tiles=16x16")  # finer quant blocks
+    apply_levers([model], levers_for("exact", "cpu"))
+    finer = call(model, x, text)
+    assert not torch.equal(finer, got)  # the tiles reached the kernel's quantization
+    assert torch.nn.functional.cosine_similarity(finer.flatten(), want.flatten(), dim=0) > 0.99
     monkeypatch.setenv("STUDIO_ATTENTION", "sage")  # same kernel, other settings: re-routed
     apply_levers([model], levers_for("exact", "cpu"))
     assert model._studio_attention[0].pv_fp8 is None
@@ -166,8 +171,10 @@ def test_studio_attention_env_forces_a_kernel_on_every_profile(monkeypatch):
     torch.testing.assert_close(call(model, x, text), want, atol=0, rtol=0)
     sparse = attention_override("sparse,window=0x2x2,inner=flash")
     assert (sparse.sparse_window, sparse.sparse_inner) == ((0, 2, 2), "flash")
+    assert attention_override("sage,pv_fp8,tiles=64x128").sage_tiles == (64, 128)
     for bad, word in (("xformers", "kernel"), ("sage,fp4", "option"),
-                      ("sparse,window=2x2", "sparse_window"), ("sparse,window=ax2x2", "window")):
+                      ("sparse,window=2x2", "sparse_window"), ("sparse,window=ax2x2", "window"),
+                      ("sage,tiles=64x100", "sage_tiles"), ("sage,tiles=big", "tiles")):
         with pytest.raises(ValueError, match=f"STUDIO_ATTENTION.*{word}"):
             attention_override(bad)
     assert attention_override("  ") is None

@@ -84,7 +84,7 @@ def test_fp8_rowwise_swaps_the_block_linears_and_stays_close():
 
     reference = output(model())
     m = model()
-    swapped = apply_fp8_rowwise(m)
+    swapped = apply_fp8_rowwise(m, fuse_qkv=False)
     layers = [mod for mod in m.modules() if isinstance(mod, Fp8RowwiseLinear)]
     assert swapped == len(layers) == 2 * 10  # per block: q, k, v, out x 2 attentions + 2 ffn
     assert m.blocks[0].ffn.net[0].proj.weight_fp8.dtype == torch.float8_e4m3fn
@@ -93,3 +93,42 @@ def test_fp8_rowwise_swaps_the_block_linears_and_stays_close():
     cos = torch.nn.functional.cosine_similarity(got.flatten(), reference.flatten(), dim=0)
     assert cos >= 0.99 and not torch.equal(got, reference)
     assert "CUDA" in precision_supported("fp8-rowwise", CPU)
+
+
+@pytest.mark.parametrize("family", ["wan", "flux"])
+def test_fp8_rowwise_with_fused_qkv_matches_it_without(family):
+    """Fusing the attention projections first changes no number (concatenated weights, the
+    same per-row scales), drops the separate projections and leaves fewer, larger GEMMs."""
+    from diffusers import FluxTransformer2DModel
+
+    from studio.engine.precision import Fp8RowwiseLinear, apply_fp8_rowwise
+
+    def build():
+        if family == "wan":
+            return model()
+        torch.manual_seed(0)
+        return FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1,
+                                      num_single_layers=1, attention_head_dim=16,
+                                      num_attention_heads=2, joint_attention_dim=32,
+                                      pooled_projection_dim=32,
+                                      axes_dims_rope=(4, 6, 6)).eval()
+
+    def run(m):
+        if family == "wan":
+            return output(m)
+        g = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            return m(hidden_states=torch.randn(1, 24, 16, generator=g),
+                     encoder_hidden_states=torch.randn(1, 5, 32, generator=g),
+                     pooled_projections=torch.randn(1, 32, generator=g),
+                     timestep=torch.tensor([0.5]), img_ids=torch.zeros(24, 3),
+                     txt_ids=torch.zeros(5, 3), return_dict=False)[0]
+
+    separate, fused = build(), build()
+    n_separate = apply_fp8_rowwise(separate, fuse_qkv=False)
+    n_fused = apply_fp8_rowwise(fused)
+    assert n_fused < n_separate
+    attn = fused.blocks[0].attn1 if family == "wan" else fused.transformer_blocks[0].attn
+    assert attn.fused_projections and attn.to_q is None
+    assert isinstance(attn.to_qkv, Fp8RowwiseLinear)
+    torch.testing.assert_close(run(fused), run(separate), atol=2e-3, rtol=1e-3)

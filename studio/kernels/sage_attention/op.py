@@ -161,9 +161,20 @@ def _sage_attention_fwd_fake(q, k, v, kv_lengths, scale, pv_fp8, block_m, block_
     return None
 
 
+def default_tiles(q: torch.Tensor) -> tuple[int, int]:
+    """(block_m, block_n) when the caller names none: 64 x 128 for head dim 128 on CUDA (the
+    fastest of bench/gpu/kernels.py's launch sweep on the H200 at the Wan 720p shape: 584
+    TFLOP/s against 535 for 128 x 64, 2026-11-30), 128 x 64 otherwise (SageAttention's
+    Q/K blocks)."""
+    if q.device.type == "cuda" and q.shape[-1] == 128:
+        return 64, 128
+    return 128, 64
+
+
 def sage_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                    kv_lengths: torch.Tensor | None = None, scale: float | None = None,
-                   pv_fp8: bool | None = None, block_m: int = 128, block_n: int = 64,
+                   pv_fp8: bool | None = None, block_m: int | None = None,
+                   block_n: int | None = None,
                    out: torch.Tensor | None = None,
                    lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Low-precision attention after SageAttention (Zhang et al., ICLR 2025) and, for the fp8
@@ -181,7 +192,8 @@ def sage_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             (q, k, v: (batch, heads, seq, head_dim); kv_lengths (batch,) int32).
         pv_fp8: P·V in fp8; None picks it when the device supports fp8 (CUDA compute
             capability >= 8.9). True on an older CUDA device raises ValueError.
-        block_m, block_n: quantization blocks = kernel tiles, each one of 16, 32, 64, 128.
+        block_m, block_n: quantization blocks = kernel tiles, each one of 16, 32, 64, 128;
+            None picks :func:`default_tiles`.
 
     Returns:
         (out like q in q's dtype, lse (batch, heads, seq_q) float32 of the dequantized scores).
@@ -194,6 +206,9 @@ def sage_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     cannot: no Triton, CPU tensors without TRITON_INTERPRET=1, float64, other head dims.
     """
     check_attention_inputs(q, k, v, kv_lengths)
+    tiles = default_tiles(q)
+    block_m = tiles[0] if block_m is None else block_m
+    block_n = tiles[1] if block_n is None else block_n
     for name, value in (("block_m", block_m), ("block_n", block_n)):
         if value not in BLOCK_SIZES:
             raise ValueError(f"{name} must be one of {', '.join(map(str, BLOCK_SIZES))}, "
