@@ -166,5 +166,6 @@ def test_fused_quantizers_match_the_reference(seq, block, dtype):
     v8, v_scales = quantize_v_fp8_fused(x)
     want8, want_vs = quantize_v_fp8(x)
     assert v8.shape == x.shape and v8.stride()[2] == 1  # K-major: tokens contiguous
+    assert v8.stride()[3] % 16 == 0 and v8.stride()[3] >= seq  # 16-byte aligned rows
     assert torch.equal(v8.float(), want8.float())
     torch.testing.assert_close(v_scales, want_vs, rtol=0, atol=0)

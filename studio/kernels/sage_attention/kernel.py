@@ -172,7 +172,7 @@ def quantize_int8_per_block_kernel(
 def quantize_v_fp8_kernel(
     V, VS, Out,
     stride_vb, stride_vh, stride_vs,
-    num_heads, seq,
+    num_heads, seq, stride_od,
     HEAD_DIM: tl.constexpr,
     BLOCK: tl.constexpr,
     EMULATE_RNE: tl.constexpr,  # interpreter only: see to_e4m3
@@ -181,7 +181,8 @@ def quantize_v_fp8_kernel(
     K-major operand layout Hopper's fp8 wgmma wants (one read, one write).
 
     V: (batch, heads, seq, HEAD_DIM) any batch/head/seq strides; VS: (batch*heads, HEAD_DIM)
-    fp32 channel scales (absmax/448); Out: contiguous (batch, heads, HEAD_DIM, seq) fp8 e4m3.
+    fp32 channel scales (absmax/448); Out: (batch, heads, HEAD_DIM, seq) fp8 e4m3, tokens
+    contiguous, channel rows stride_od >= seq apart (batch/head strides HEAD_DIM·stride_od).
     Grid: (cdiv(seq, BLOCK), batch*heads).
     """
     pid = tl.program_id(0)
@@ -197,5 +198,5 @@ def quantize_v_fp8_kernel(
                 + offs_d[None, :], mask=ok[:, None], other=0.0)  # [BLOCK, HEAD_DIM]
     scale = tl.load(VS + bh * HEAD_DIM + offs_d)  # [HEAD_DIM]
     v8 = to_e4m3(v.to(tl.float32) / scale[None, :], EMULATE_RNE)
-    tl.store(Out + bh * HEAD_DIM * seq + offs_d.to(tl.int64)[None, :] * seq + rows64[:, None],
+    tl.store(Out + (bh * HEAD_DIM + offs_d.to(tl.int64)[None, :]) * stride_od + rows64[:, None],
              v8, mask=ok[:, None])
