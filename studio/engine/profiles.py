@@ -46,10 +46,14 @@ DEFAULT_STEP_CACHE = {
 }
 
 
-# Attention per profile on CUDA devices (studio.engine.attention). quality keeps PyTorch's SDPA
-# (FlashAttention-2/cuDNN there); balanced runs our INT8 SageAttention-style kernel; fast adds
-# block-sparse local windows for video self-attention.
+# Attention per profile on CUDA devices (studio.engine.attention). quality keeps PyTorch's SDPA;
+# balanced runs our INT8 SageAttention-style kernel where SDPA's default is FlashAttention-2;
+# fast adds block-sparse local windows for video self-attention. On Hopper (compute capability
+# >= 9.0) PyTorch's default SDPA is cuDNN's attention, which ran 1.5-1.9x FlashAttention-2 and
+# as fast as our sage kernel at the Wan 720p shape and faster at the Flux 1024² shape on an
+# H200 (bench/results/2026-11-30-h200-run3-run.log): balanced keeps SDPA there.
 GPU_ATTENTION = {"quality": "sdpa", "balanced": "sage", "fast": "sparse"}
+SDPA_WINS_FROM_CAPABILITY = (9, 0)
 
 
 @dataclass(frozen=True)
@@ -154,13 +158,19 @@ def levers_for(profile: str, device: torch.device | str = "cpu",
     if forced is not None:
         attention = forced.kernel
     precision = "as-loaded"
-    if kind == "cuda" and profile == "fast":
-        from studio.engine.precision import precision_supported
-
+    capability = None  # None: not a CUDA device present here (the table's defaults)
+    if kind == "cuda":
         dev = torch.device(device)
-        known = torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count()
-        precision = ("fp8-dynamic" if not known or precision_supported("fp8-dynamic", dev)
-                     is None else "int8-dynamic")
+        if torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count():
+            capability = torch.cuda.get_device_capability(dev)
+    if (forced is None and attention == "sage" and capability is not None
+            and capability >= SDPA_WINS_FROM_CAPABILITY):
+        attention = "sdpa"
+    if kind == "cuda" and profile == "fast":
+        # ours (fp8 row-wise linears) on Hopper+: x1.13-1.15 per step on the H200 where
+        # torchao's eager fp8-dynamic ran x0.67-0.97 (bench/results/2026-11-30-h200-run3-*)
+        precision = ("fp8-rowwise" if capability is None or capability >= (9, 0)
+                     else "fp8-dynamic" if capability >= (8, 9) else "int8-dynamic")
     return ProfileLevers(profile, step_cache=cache, attention=attention, precision=precision,
                          guidance_reuse=reuse, attention_config=forced,
                          fused_blocks=kind == "cuda")
@@ -288,9 +298,13 @@ def profile_table() -> str:
             cache = (f"{c.signal} signal, threshold {c.threshold:g}, order {c.order}, warm-up "
                      f"{c.warmup_steps}, ≤{c.max_consecutive_skips} skips" if c else "off")
             precision = lv.precision
-            if precision == "fp8-dynamic":
-                precision = "fp8-dynamic (int8-dynamic below compute capability 8.9)"
-            rows.append(f"| {profile} | {device} | {cache} | {precision} | {lv.attention} | "
+            if precision == "fp8-rowwise":
+                precision = ("fp8-rowwise (fp8-dynamic at compute capability 8.9, int8-dynamic "
+                             "below)")
+            attention = lv.attention
+            if device == "cuda" and attention == "sage":
+                attention = "sage (sdpa from compute capability 9.0)"
+            rows.append(f"| {profile} | {device} | {cache} | {precision} | {attention} | "
                         f"{'on' if lv.fused_blocks else 'off'} | "
                         f"{'on' if lv.compile else 'off'} |")
     return "\n".join(rows)

@@ -119,6 +119,26 @@ def test_embedded_model_steps_through_interpreted_kernels_match_sdpa():
     np.testing.assert_allclose(got, want, atol=2e-3)
 
 
+@pytest.mark.parametrize("capability,attention,precision", [
+    ((9, 0), "sdpa", "fp8-rowwise"), ((8, 9), "sage", "fp8-dynamic"),
+    ((8, 0), "sage", "int8-dynamic")])
+def test_cuda_profiles_follow_the_device_capability(monkeypatch, capability, attention,
+                                                    precision):
+    """On Hopper the balanced profile keeps SDPA (cuDNN's attention is PyTorch's default
+    there and matched or beat our sage kernel on the H200); below it sage runs. The fast
+    profile's precision is our fp8 row-wise linears from 9.0, torchao's below."""
+    from studio.engine.profiles import levers_for
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert levers_for("balanced", "cuda").attention == attention
+    assert levers_for("fast", "cuda").attention == "sparse"
+    assert levers_for("fast", "cuda").precision == precision
+    monkeypatch.setenv("STUDIO_ATTENTION", "sage")  # forced: kept on any device
+    assert levers_for("balanced", "cuda").attention == "sage"
+
+
 def test_profiles_route_attention_on_cuda_only():
     from studio.engine.profiles import apply_levers, levers_for
 
