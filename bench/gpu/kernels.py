@@ -639,27 +639,24 @@ def main(argv: list[str] | None = None) -> int:
         shapes, norm_shapes = (SMOKE,), SMOKE_NORM_SHAPES
     empty_cache = torch.cuda.empty_cache if device == "cuda" else (lambda: None)
     best = None  # the dense kernel's launch config: swept on the first shape
-    for shape in shapes:
-        try:
-            best = time_attention(shape, timings, best) or False
-        except Exception as exc:
-            log(f"error timing {shape['name']}: {exc}")
-            traceback.print_exc()
-        empty_cache()
-    for shape in SMOKE_LINEAR_SHAPES if args.cpu_smoke else LINEAR_SHAPES:
-        try:
-            time_linear(timings, *shape)
-        except Exception as exc:
-            log(f"error timing the fp8 linear at {shape[0]}: {exc}")
-            traceback.print_exc()
-        empty_cache()
-    for shape in norm_shapes:
-        try:
-            time_norms(timings, *shape)
-        except Exception as exc:
-            log(f"error timing norms at {shape[0]}: {exc}")
-            traceback.print_exc()
-        empty_cache()
+
+    def attention_at(shape):
+        nonlocal best
+        best = time_attention(shape, timings, best) or False
+
+    linear_shapes = SMOKE_LINEAR_SHAPES if args.cpu_smoke else LINEAR_SHAPES
+    for what, timer, cases in (("attention", attention_at, [(s,) for s in shapes]),
+                               ("the fp8 linear", lambda *a: time_linear(timings, *a),
+                                linear_shapes),
+                               ("norms", lambda *a: time_norms(timings, *a), norm_shapes)):
+        for case in cases:
+            try:  # one failing timing must not stop the others
+                timer(*case)
+            except Exception as exc:
+                label = case[0]["name"] if isinstance(case[0], dict) else case[0]
+                log(f"error timing {what} at {label}: {exc}")
+                traceback.print_exc()
+            empty_cache()
 
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

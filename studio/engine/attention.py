@@ -121,18 +121,13 @@ def attention_override(text: str | None = None) -> AttentionConfig | None:
         name, _, value = option.partition("=")
         if name == "pv_fp8" and not value:
             fields["pv_fp8"] = True
-        elif name == "window" and value:
+        elif name in ("window", "tiles") and value:
+            field, form = (("sparse_window", "FxRxC, e.g. 1x4x4") if name == "window"
+                           else ("sage_tiles", "MxN, e.g. 64x128"))
             try:
-                fields["sparse_window"] = tuple(int(x) for x in value.split("x"))
+                fields[field] = tuple(int(x) for x in value.split("x"))
             except ValueError:
-                raise ValueError(f"{ATTENTION_ENV}: window={value!r} is not FxRxC, e.g. "
-                                 f"1x4x4") from None
-        elif name == "tiles" and value:
-            try:
-                fields["sage_tiles"] = tuple(int(x) for x in value.split("x"))
-            except ValueError:
-                raise ValueError(f"{ATTENTION_ENV}: tiles={value!r} is not MxN, e.g. "
-                                 f"64x128") from None
+                raise ValueError(f"{ATTENTION_ENV}: {name}={value!r} is not {form}") from None
         elif name == "inner" and value:
             fields["sparse_inner"] = value
         elif name == "sink" and value:

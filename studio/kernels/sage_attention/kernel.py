@@ -128,6 +128,16 @@ def to_e4m3(x, EMULATE_RNE: tl.constexpr):
 
 
 @triton.jit
+def _block_rows(num_heads, seq, BLOCK: tl.constexpr):
+    """What every per-(block, batch·head) program here starts from: (bh, b, h) as int64 and
+    its BLOCK token rows (int64) with their in-range mask. Grid: (blocks, batch*heads)."""
+    pid_bh = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    return (pid_bh.to(tl.int64), (pid_bh // num_heads).to(tl.int64),
+            (pid_bh % num_heads).to(tl.int64), rows.to(tl.int64), rows < seq)
+
+
+@triton.jit
 def quantize_int8_per_block_kernel(
     X, MEAN, Out, Scales,
     stride_xb, stride_xh, stride_xs,
@@ -145,15 +155,8 @@ def quantize_int8_per_block_kernel(
     Out: contiguous (batch, heads, seq, HEAD_DIM) int8 = round_half_even(y / scale);
     Scales: (batch*heads, num_blocks) fp32. Grid: (num_blocks, batch*heads).
     """
-    pid = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    bh = pid_bh.to(tl.int64)
-    b = (pid_bh // num_heads).to(tl.int64)
-    h = (pid_bh % num_heads).to(tl.int64)
-    rows = pid * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    bh, b, h, rows64, ok = _block_rows(num_heads, seq, BLOCK)  # rows64, ok: [BLOCK]
     offs_d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
-    ok = rows < seq  # [BLOCK]
-    rows64 = rows.to(tl.int64)
     x = tl.load(X + b * stride_xb + h * stride_xh + rows64[:, None] * stride_xs
                 + offs_d[None, :], mask=ok[:, None], other=0.0)  # [BLOCK, HEAD_DIM]
     y = x.to(tl.float32) * pre_scale
@@ -165,7 +168,7 @@ def quantize_int8_per_block_kernel(
     q = tl.minimum(tl.maximum(_round_half_even(y / scale), -127.0), 127.0)
     tl.store(Out + (bh * seq + rows64)[:, None] * HEAD_DIM + offs_d[None, :],
              q.to(tl.int8), mask=ok[:, None])
-    tl.store(Scales + bh * num_blocks + pid, scale)
+    tl.store(Scales + bh * num_blocks + tl.program_id(0), scale)
 
 
 @triton.jit
@@ -185,15 +188,8 @@ def quantize_v_fp8_kernel(
     contiguous, channel rows stride_od >= seq apart (batch/head strides HEAD_DIM·stride_od).
     Grid: (cdiv(seq, BLOCK), batch*heads).
     """
-    pid = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    bh = pid_bh.to(tl.int64)
-    b = (pid_bh // num_heads).to(tl.int64)
-    h = (pid_bh % num_heads).to(tl.int64)
-    rows = pid * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    bh, b, h, rows64, ok = _block_rows(num_heads, seq, BLOCK)  # rows64, ok: [BLOCK]
     offs_d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
-    ok = rows < seq
-    rows64 = rows.to(tl.int64)
     v = tl.load(V + b * stride_vb + h * stride_vh + rows64[:, None] * stride_vs
                 + offs_d[None, :], mask=ok[:, None], other=0.0)  # [BLOCK, HEAD_DIM]
     scale = tl.load(VS + bh * HEAD_DIM + offs_d)  # [HEAD_DIM]
