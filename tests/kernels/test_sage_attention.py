@@ -61,8 +61,9 @@ def test_16bit_pv_quality_against_fp32_sdpa(dtype, head_dim, block_m, block_n):
 
 
 def test_fp8_pv_runs_within_fp8_tolerance():
-    # The interpreter's fp8 rounding is not torch's (shared/notes/triton-interpreter-probe.md):
-    # only an fp8-level bound here; the GPU benchmark measures the real quality.
+    # The interpreter's own fp32 -> fp8 cast is wrong (ties away, no carry into the exponent);
+    # the kernels round onto the e4m3 grid themselves under it (to_e4m3), so the interpreted
+    # fp8 path now agrees with the torch emulation: measured cos 0.99987, rel L1 1.2 %.
     q, k, v = qkv(2, 3, 129, 77, 64, torch.float16, seed=1)
     out = poisoned(q.shape, torch.float16)
     with launches(LAUNCHES):
@@ -70,7 +71,10 @@ def test_fp8_pv_runs_within_fp8_tolerance():
     assert not torch.isnan(out).any()
     expected = sdpa_fp32(q, k, v)
     cos, rel_l1 = quality(out, expected)
-    assert cos >= 0.99 and rel_l1 <= 0.08, (cos, rel_l1)
+    assert cos >= 0.998 and rel_l1 <= 0.05, (cos, rel_l1)
+    emulated = sage_attention_reference(q, k, v, None, None, True, 64, 32)[0]
+    cos, rel_l1 = quality(out, emulated)
+    assert cos >= 0.9995 and rel_l1 <= 0.02, (cos, rel_l1)
     cos, rel_l1 = quality(sage_attention_reference(q, k, v, pv_fp8=True)[0], expected)
     assert cos >= 0.998 and rel_l1 <= 0.05, (cos, rel_l1)  # the recipe itself, in torch
 
