@@ -346,6 +346,7 @@ async def _run_job(request, pixels, config, bar: ProgressBar):
 
 def cmd_render(args) -> int:
     from studio.engine import events as ev
+    from studio.engine.attention_config import attention_override
     from studio.engine.executor import resolve_device
     from studio.engine.models.registry import ModelRegistry
     from studio.engine.worker import WorkerConfig
@@ -353,6 +354,7 @@ def cmd_render(args) -> int:
 
     try:
         resolve_device(args.device)
+        attention_override()  # a bad STUDIO_ATTENTION is bad input, found before model work
     except ValueError as exc:
         raise BadInput(str(exc)) from None
     check_model_folders(args.model_folder)

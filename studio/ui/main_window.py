@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,22 @@ log = logging.getLogger(__name__)
 
 INPUT_FIELDS = {"init_image": "init image", "first_frame": "first frame",
                 "references": "reference"}
+
+
+def drop_bad_attention_override() -> str:
+    """Checks ``STUDIO_ATTENTION`` before the engine starts. A bad value is removed from this
+    process's environment (so the engine, which inherits it, runs each profile's own
+    attention instead of failing every job) and described in the returned notice; "" when
+    the variable is unset or valid."""
+    from studio.engine.attention_config import ATTENTION_ENV, attention_override
+
+    try:
+        attention_override()
+    except ValueError as exc:
+        value = os.environ.pop(ATTENTION_ENV, "")
+        return (f"{ATTENTION_ENV}={value!r} is ignored: {str(exc).split(': ', 1)[-1]}. "
+                f"Each profile's own attention runs.")
+    return ""
 
 
 class MainWindow(QMainWindow):
@@ -197,7 +214,10 @@ class MainWindow(QMainWindow):
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
         """Starts the engine and runs the queued variants (on the running asyncio loop)."""
+        attention_notice = drop_bad_attention_override()
         await self.controller.start()
+        if attention_notice:
+            self.notify(attention_notice, True)
         self.collector.request()  # what the last session left behind
         if self.project.recovered:
             self.notify(f"{len(self.project.recovered)} generation(s) were interrupted when "

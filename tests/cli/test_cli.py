@@ -159,6 +159,17 @@ def test_bad_input_exits_2_with_one_line_naming_the_field(tmp_path, capsys, args
     assert not out.exists()
 
 
+@pytest.mark.parametrize("value,words", [("sage,tiles=64x100", "tiles: (64, 100)"),
+                                         ("bogus", "kernel: 'bogus'"),
+                                         (",,", "names no kernel")])
+def test_a_bad_studio_attention_is_bad_input(tmp_path, capsys, monkeypatch, value, words):
+    monkeypatch.setenv("STUDIO_ATTENTION", value)
+    out = tmp_path / "x.png"
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "a circle", "--out", out)
+    assert code == 2 and err.startswith("error: STUDIO_ATTENTION") and words in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
 def test_output_problems_are_found_before_model_work(tmp_path, capsys):
     folder = tmp_path / "existing.png"
     folder.mkdir()

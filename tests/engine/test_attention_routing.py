@@ -193,8 +193,9 @@ def test_studio_attention_env_forces_a_kernel_on_every_profile(monkeypatch):
     assert (sparse.sparse_window, sparse.sparse_inner) == ((0, 2, 2), "flash")
     assert attention_override("sage,pv_fp8,tiles=64x128").sage_tiles == (64, 128)
     for bad, word in (("xformers", "kernel"), ("sage,fp4", "option"),
-                      ("sparse,window=2x2", "sparse_window"), ("sparse,window=ax2x2", "window"),
-                      ("sage,tiles=64x100", "sage_tiles"), ("sage,tiles=big", "tiles")):
+                      ("sparse,window=2x2", "window: "), ("sparse,window=ax2x2", "window"),
+                      ("sage,tiles=64x100", "tiles: "), ("sage,tiles=big", "tiles"),
+                      (",,", "names no kernel"), ("sparse,sink=-1", "sink: ")):
         with pytest.raises(ValueError, match=f"STUDIO_ATTENTION.*{word}"):
             attention_override(bad)
     assert attention_override("  ") is None

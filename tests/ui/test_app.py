@@ -124,3 +124,25 @@ def test_settings_do_not_offer_cuda_without_a_gpu(tmp_path, make_window, monkeyp
     monkeypatch.setattr(settings_module, "visible_gpus", lambda: 1)
     assert SettingsDialog(w.settings, w).device.model().item(DEVICES.index("cuda")).isEnabled()
     assert w.settings.device == "cuda"
+
+
+def test_a_bad_studio_attention_is_one_notice_and_jobs_still_run(tmp_path, loop, make_window,
+                                                                 monkeypatch):
+    """A bad STUDIO_ATTENTION (a developer's switch) is said once at start-up, naming the
+    option as typed, and dropped, so generations run each profile's own attention instead of
+    failing as internal errors."""
+    import os
+
+    from studio.core.document import Status
+    from tests.ui.conftest import fill_prompt
+
+    monkeypatch.setenv("STUDIO_ATTENTION", "sage,tiles=64x100")
+    project = Project.create(tmp_path / "project")
+    w = make_window(project)
+    text, error = w.last_message
+    assert error and "STUDIO_ATTENTION='sage,tiles=64x100' is ignored" in text
+    assert "tiles: (64, 100) must be two of 16, 32, 64, 128" in text
+    assert "STUDIO_ATTENTION" not in os.environ
+    fill_prompt(w, "a bad switch does not stop work")
+    [vid] = w.generate()
+    run(loop, until(lambda: project.document.variant(vid).status == Status.DONE, 90))
