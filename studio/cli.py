@@ -40,36 +40,13 @@ def problem_line(problem) -> str:
 
 
 def check_output_path(out: str, inputs: list[str]) -> Path:
-    """The output file, checked before any model work: not a folder, not one of the inputs,
-    and its folder (created when missing) writable.
+    """:func:`studio.store.export.check_output_path`, its problems as BadInput."""
+    from studio.store.export import check_output_path as check
 
-    Raises:
-        BadInput: naming ``out``.
-    """
-    import os
-    import tempfile
-
-    path = Path(out).expanduser()
-    if path.is_dir():
-        raise BadInput(f"out={out!r}: is a folder; give a file name such as {path / 'a.png'}")
-    resolved = path.resolve()
-    for given in inputs:
-        if given and Path(given).expanduser().resolve() == resolved:
-            raise BadInput(f"out={out!r}: is also an input file; choose another name")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=".studio-write-check.")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        blocker = next((p for p in (path.parent, *path.parent.parents)
-                        if p.exists() and not p.is_dir()), None)
-        if blocker is not None:
-            raise BadInput(f"out={out!r}: {blocker} is a file, not a folder; choose another "
-                           f"place") from None
-        raise BadInput(f"out={out!r}: cannot write in {path.parent} "
-                       f"({exc.strerror or exc})") from None
-    return path
+        return check(out, inputs)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
 
 
 def check_model_folders(folders: list[str]) -> None:

@@ -15,6 +15,7 @@ Metadata:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,43 @@ def _metadata_blob(request_json: str, environment: dict[str, Any] | None) -> str
         sort_keys=True,
         separators=(",", ":"),
     )
+
+
+def check_output_path(out: str | Path, inputs: Sequence[str | Path | None] = ()) -> Path:
+    """The output file, checked before any work: not empty, not a folder, not one of the
+    inputs, and its folder (created when missing) writable. The CLI and the studio's exports
+    word these problems alike.
+
+    Raises:
+        ValueError: the problem, naming ``out`` as given.
+    """
+    import os
+    import tempfile
+
+    if not str(out).strip():
+        raise ValueError("out='': give a file name such as result.png")
+    path = Path(out).expanduser()
+    if path.is_dir():
+        raise ValueError(f"out={str(out)!r}: is a folder; give a file name such as "
+                         f"{path / 'a.png'}")
+    resolved = path.resolve()
+    for given in inputs:
+        if given and Path(given).expanduser().resolve() == resolved:
+            raise ValueError(f"out={str(out)!r}: is also an input file; choose another name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=".studio-write-check.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        blocker = next((p for p in (path.parent, *path.parent.parents)
+                        if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            raise ValueError(f"out={str(out)!r}: {blocker} is a file, not a folder; choose "
+                             f"another place") from None
+        raise ValueError(f"out={str(out)!r}: cannot write in {path.parent} "
+                         f"({exc.strerror or exc})") from None
+    return path
 
 
 def check_suffix(path: str | Path, num_frames: int) -> str:

@@ -22,11 +22,17 @@ def open_project(folder: Path):
     """Opens the project in ``folder``, creating one when the folder holds none.
 
     Raises:
-        ProjectError: locked by another studio, or written by a newer one.
+        ProjectError: locked by another studio, written by a newer one, or ``folder`` (or a
+            folder above it) is a file.
         OSError: the folder cannot be created or read.
     """
-    from studio.store.project import DB_NAME, Project
+    from studio.store.project import DB_NAME, Project, ProjectError
 
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()),
+                   None)
+    if blocker is not None:
+        raise ProjectError(f"{blocker} is a file, not a folder; a project is a folder "
+                           f"(give a new or existing folder)")
     if (folder / DB_NAME).exists():
         return Project.open(folder)
     return Project.create(folder)

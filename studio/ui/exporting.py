@@ -13,7 +13,7 @@ from pathlib import Path
 
 from studio.core.document import Document, Status
 from studio.store.contact_sheet import SheetItem, write_contact_sheet
-from studio.store.export import check_suffix, write_result
+from studio.store.export import check_output_path, check_suffix, write_result
 from studio.ui.background import Background
 from studio.ui.controller import describe
 from studio.ui.media_cache import MediaCache
@@ -62,6 +62,7 @@ async def export_variant(document: Document, media: MediaCache, background: Back
     v = _done(document, variant_id)
     art = v.artifacts[0]
     try:
+        check_output_path(path)
         frames = await media.load_frames(art.media_id)
         check_suffix(path, len(frames))
     except (KeyError, OSError, ValueError) as exc:
@@ -101,6 +102,7 @@ async def export_contact_sheet(document: Document, media: MediaCache, background
     if not items:
         raise ExportError("None of the selected variants has a result yet.")
     try:
+        check_output_path(path)
         return await background.call(write_contact_sheet, path, items, cell)
     except (OSError, ValueError) as exc:
         raise ExportError(f"could not write {path}: {exc}") from None

@@ -472,13 +472,24 @@ class TimelinePanel(QWidget):
 
     async def export_mp4(self, path: str | Path) -> StoryboardResult | None:
         """Renders the storyboard to ``path``; reports problems through :attr:`message`."""
+        from studio.store.export import check_output_path
+
         items = await self.gather_shots()
         if items is None:
+            return None
+        try:
+            check_output_path(path)
+        except ValueError as exc:  # the user's to fix: said plainly, no traceback
+            self.message.emit(f"Export failed: {exc}", True)
             return None
         self.export_button.setEnabled(False)
         self.status.setText("Exporting…")
         try:
             result = await self._bg.call(render_storyboard, path, items)
+        except (OSError, ValueError) as exc:  # disk full, read-only disk: said, logged short
+            log.warning("storyboard export failed: %s", exc)
+            self.message.emit(f"Export failed: {exc}", True)
+            return None
         except Exception as exc:
             log.exception("storyboard export failed")
             self.message.emit(f"Export failed: {exc}", True)

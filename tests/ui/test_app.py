@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from PySide6.QtWidgets import QApplication
 
 import studio.__main__ as entry
@@ -146,3 +147,15 @@ def test_a_bad_studio_attention_is_one_notice_and_jobs_still_run(tmp_path, loop,
     fill_prompt(w, "a bad switch does not stop work")
     [vid] = w.generate()
     run(loop, until(lambda: project.document.variant(vid).status == Status.DONE, 90))
+
+
+def test_opening_a_file_as_a_project_says_so(tmp_path):
+    from studio.store.project import ProjectError
+    from studio.ui.app import open_project
+
+    afile = tmp_path / "notes.txt"
+    afile.write_text("x")
+    for folder in (afile, afile / "inside"):
+        with pytest.raises(ProjectError, match="notes.txt is a file, not a folder"):
+            open_project(folder)
+    assert open_project(tmp_path / "new").folder == tmp_path / "new"

@@ -148,6 +148,18 @@ def test_generate_branch_compare_timeline_export_and_reopen(tmp_path, loop, make
     assert read_frames(gif).shape == (9, 64, 64, 3)
     sheet = run(loop, w.export_contact_sheet([image, child, video], tmp_path / "sheet.png"))
     assert sheet.exists()
+    # exports to a bad place are said plainly: no OS error text, no temporary file names
+    from studio.ui.exporting import ExportError
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ExportError, match="afile is a file, not a folder"):
+        run(loop, w.export_variant(image, tmp_path / "afile" / "x.png"))
+    (tmp_path / "dir.png").mkdir()
+    with pytest.raises(ExportError, match="is a folder; give a file name"):
+        run(loop, w.export_contact_sheet([image], tmp_path / "dir.png"))
+    assert run(loop, w.timeline.export_mp4(tmp_path / "dir.png")) is None
+    assert "is a folder; give a file name" in w.last_message[0]
+    assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
     w.variants.select([child])
     w.copy_settings_action.trigger()
     copied = json.loads(QGuiApplication.clipboard().text())
