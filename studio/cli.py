@@ -172,6 +172,9 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
     mode = args.mode or base.get("mode") or ("i2i" if args.init_image else
                                              "i2v" if args.first_frame else
                                              "r2v" if args.reference else "t2i")
+    if args.model is not None and not args.model.strip():
+        raise BadInput("model='': give a model id or folder (`studio models` lists them), or "
+                       "leave --model out for the embedded model")
     model_id = args.model or base.get("model") or "embedded"
     try:
         entry = registry.resolve(model_id)

@@ -148,15 +148,18 @@ def test_case_001_truncated_input_is_refused_before_model_work(tmp_path, home, f
      "strength"),
     (["--model", "README.md"], "is a file"), (["--model-folder", "/no/such/dir"], "model-folder"),
     (["--mode", "t2v", "--frames", "2"], "--frames"),
+    (["--model", ""], "model=''"), (["--out-override", ""], "out=''"),
 ])
 def test_bad_input_exits_2_with_one_line_naming_the_field(tmp_path, capsys, args, field):
     out = tmp_path / "x.png"
+    if args[:1] == ["--out-override"] and not args[1]:  # the empty --out itself
+        out, args = "", []
     if "--out-override" in args:
         args = args[:2]
     code, _, err = studio_inproc(capsys, "render", "--prompt", "a circle", *args, "--out", out)
     assert code == 2 and field in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: ")
-    assert not out.exists()
+    assert not out or not out.exists()
 
 
 @pytest.mark.parametrize("value,words", [("sage,tiles=64x100", "tiles: (64, 100)"),
@@ -301,3 +304,10 @@ def test_ignored_prompt_parts_get_a_note(tmp_path, capsys):
     assert "negative prompt: ignored at guidance 1" in err
     assert "does not know \u201cune\u201d, \u201c\u00e9toile\u201d, \u201crouge\u201d" in err
     assert "grass" not in err.split("does not know")[1]
+
+
+def test_a_control_character_in_the_prompt_is_shown_escaped(tmp_path, capsys):
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "a\x01 red circle", "--steps",
+                                 "1", "--seed", "1", "--out", tmp_path / "o.png")
+    assert code == 0, err
+    assert "does not know \u201c\\x01\u201d" in err and "\u201c\u201d" not in err

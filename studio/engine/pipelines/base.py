@@ -238,7 +238,9 @@ class FamilyRunner:
             return notes
         unknown = self._unknown_words(tokenizer, request.prompt)
         if unknown:
-            shown = ", ".join(f"\u201c{w}\u201d" for w in unknown[:5])
+            # control characters (a pasted \x01, a tab) shown escaped, not as an empty “”
+            shown = ", ".join(f"\u201c{w if w.isprintable() else w.encode('unicode_escape').decode()}"
+                              f"\u201d" for w in unknown[:5])
             more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
             notes.append(f"prompt: this model does not know {shown}{more}; read as an unknown "
                          f"word")
