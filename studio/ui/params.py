@@ -515,7 +515,13 @@ class ParamsPanel(QWidget):
         if caps is None:
             return [RequestProblem("model", "", "no usable model; add a model folder in "
                                                "Settings")]
-        return self.draft().validate(caps)
+        problems = self.draft().validate(caps)
+        text = self.seed_edit.text().strip()
+        if not text.isdigit():  # say what is wrong with the text, not the -1 it became
+            problems = [p for p in problems if p.field != "seed"] + [RequestProblem(
+                "seed", text, "is empty: type a whole number, or press Random" if not text
+                else "is not a whole number (0 to 9223372036854775807)")]
+        return problems
 
     def is_valid(self) -> bool:
         """Whether Generate can run."""
