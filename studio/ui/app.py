@@ -47,6 +47,37 @@ async def run_studio(settings, folder: Path, engine_factory=None) -> int:
     Returns:
         The exit code.
     """
+    restore_sigterm = _sigterm_like_ctrl_c()
+    try:
+        return await _run_projects(settings, folder, engine_factory)
+    finally:
+        restore_sigterm()
+
+
+_TERMINATED = []  # set by SIGTERM: main() then exits 143 (128 + 15), not Ctrl+C's 130
+
+
+def _sigterm_like_ctrl_c():
+    """SIGTERM (a logout, a system shutdown, ``kill``) runs the same orderly stop as Ctrl+C:
+    the asyncio Runner's SIGINT handler cancels the session, which closes the window, stops
+    the engine and closes the project (its lock removed, no leaked semaphores). Returns the
+    function that puts the previous handler back. A no-op off the main thread."""
+    import signal
+    import threading
+
+    on_sigint = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(on_sigint):
+        return lambda: None
+
+    def on_sigterm(signum, frame):
+        _TERMINATED.append(signum)
+        on_sigint(signal.SIGINT, frame)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+async def _run_projects(settings, folder: Path, engine_factory) -> int:
     import qasync
     from PySide6.QtWidgets import QMessageBox
 
@@ -137,6 +168,6 @@ def main(argv: list[str] | None = None) -> int:
         with asyncio.Runner(loop_factory=lambda: qasync.QEventLoop(app)) as runner:
             return runner.run(run_studio(settings, folder))
     except KeyboardInterrupt:
-        return 130
+        return 143 if _TERMINATED else 130
     finally:
         tick.stop()
