@@ -25,6 +25,10 @@ import numpy as np
 
 from studio.core.request import GenerationRequest
 from studio.engine import events as ev
+from studio.engine.attention_config import (  # the STUDIO_ATTENTION switch, checked up front
+    ATTENTION_ENV,
+    attention_override,
+)
 from studio.engine.parallel.config import (  # the multi-GPU plans, for the studio's settings
     ParallelConfig,
     available_plans,
@@ -33,7 +37,8 @@ from studio.engine.parallel.config import (  # the multi-GPU plans, for the stud
 )
 from studio.engine.worker import ProcessWorker, ThreadWorker, Worker, WorkerConfig
 
-__all__ = ["Engine", "EventStream", "ParallelConfig", "available_plans", "describe_plan", "visible_gpus"]
+__all__ = ["ATTENTION_ENV", "Engine", "EventStream", "ParallelConfig", "attention_override",
+           "available_plans", "describe_plan", "visible_gpus"]
 
 
 class EventStream:

@@ -47,7 +47,7 @@ async def run_studio(settings, folder: Path, engine_factory=None) -> int:
     Returns:
         The exit code.
     """
-    restore_sigterm = _sigterm_like_ctrl_c()
+    restore_sigterm = _sigterm_cancels(asyncio.current_task(), asyncio.get_running_loop())
     try:
         return await _run_projects(settings, folder, engine_factory)
     finally:
@@ -57,21 +57,21 @@ async def run_studio(settings, folder: Path, engine_factory=None) -> int:
 _TERMINATED = []  # set by SIGTERM: main() then exits 143 (128 + 15), not Ctrl+C's 130
 
 
-def _sigterm_like_ctrl_c():
-    """SIGTERM (a logout, a system shutdown, ``kill``) runs the same orderly stop as Ctrl+C:
-    the asyncio Runner's SIGINT handler cancels the session, which closes the window, stops
-    the engine and closes the project (its lock removed, no leaked semaphores). Returns the
-    function that puts the previous handler back. A no-op off the main thread."""
+def _sigterm_cancels(task, loop):
+    """SIGTERM (a logout, a system shutdown, ``kill``) cancels the studio's session as Ctrl+C
+    does, so the same orderly stop runs: the window closes, the engine stops, the project
+    closes (no leaked semaphores). Independent of SIGINT's handler, which a launcher may have
+    set to ignored. Returns the function that puts the previous handler back; a no-op off the
+    main thread."""
     import signal
     import threading
 
-    on_sigint = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or not callable(on_sigint):
+    if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
     def on_sigterm(signum, frame):
         _TERMINATED.append(signum)
-        on_sigint(signal.SIGINT, frame)
+        loop.call_soon_threadsafe(task.cancel)
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     return lambda: signal.signal(signal.SIGTERM, previous)
@@ -169,5 +169,9 @@ def main(argv: list[str] | None = None) -> int:
             return runner.run(run_studio(settings, folder))
     except KeyboardInterrupt:
         return 143 if _TERMINATED else 130
+    except asyncio.CancelledError:  # cancelled by SIGTERM (see _sigterm_cancels)
+        if _TERMINATED:
+            return 143
+        raise
     finally:
         tick.stop()

@@ -86,7 +86,7 @@ def drop_bad_attention_override() -> str:
     process's environment (so the engine, which inherits it, runs each profile's own
     attention instead of failing every job) and described in the returned notice; "" when
     the variable is unset or valid."""
-    from studio.engine.attention_config import ATTENTION_ENV, attention_override
+    from studio.engine.api import ATTENTION_ENV, attention_override
 
     try:
         attention_override()

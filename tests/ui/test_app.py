@@ -173,8 +173,10 @@ def test_sigterm_stops_the_studio_in_order(tmp_path):
     folder = tmp_path / "project"
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen", HF_HUB_OFFLINE="1",
                HOME=str(tmp_path / "home"), PYTHONPATH=str(REPO))
+    # launched as a desktop launcher or a background job would: SIGINT ignored
     proc = subprocess.Popen([sys.executable, "-m", "studio", str(folder)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         deadline = time.monotonic() + 120
         while not (folder / LOCK_NAME).exists() and time.monotonic() < deadline:
