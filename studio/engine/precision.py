@@ -64,9 +64,10 @@ class Fp8RowwiseLinear(torch.nn.Module):
     Input (..., in_features) in the compute dtype; output (..., out_features) in the same."""
 
     def __init__(self, linear: torch.nn.Linear) -> None:
-        from studio.kernels.fp8_linear import quantize_weight_fp8
+        from studio.kernels.fp8_linear import fp8_linear, quantize_weight_fp8
 
         super().__init__()
+        self._fp8_linear = fp8_linear  # imported once here, not on every call
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight_fp8, weight_scale = quantize_weight_fp8(linear.weight)
         self.register_buffer("weight_fp8", weight_fp8)
@@ -74,9 +75,7 @@ class Fp8RowwiseLinear(torch.nn.Module):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from studio.kernels.fp8_linear import fp8_linear
-
-        return fp8_linear(x, self.weight_fp8, self.weight_scale, self.bias)
+        return self._fp8_linear(x, self.weight_fp8, self.weight_scale, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8 row-wise"
