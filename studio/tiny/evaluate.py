@@ -9,7 +9,7 @@ held-out evaluation prompts of a mode.
 How the reading works (numpy only; ``scipy.ndimage`` speeds up labelling when installed):
 
 1. Background: every background is a per-pixel colour model (``world.background_segments``:
-   RGB segments, constant or per row). The background whose model is closest on average
+   RGB segments, constant or per pixel). The background whose model is closest on average
    (distances capped at ``BACKGROUND_CAP``, so objects weigh little) wins.
 2. Objects: pixels of a 3x3-smoothed copy farther than ``FOREGROUND_THRESHOLD`` from the
    background model are foreground (smoothing divides noise by three and keeps background
