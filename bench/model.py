@@ -205,7 +205,8 @@ def score(mode: str, samples: list[Sample], outputs: list[np.ndarray]) -> dict:
         accuracy.pop("shape", None)
     result = {"prompts": len(samples), "accuracy": accuracy,
               "chance": {k: v for k, v in report.chance.items() if k in accuracy},
-              "counts": {k: v for k, v in report.counts.items() if k in accuracy}}
+              "counts": {k: v for k, v in report.counts.items() if k in accuracy},
+              "position_axes": evaluate.position_axes(report)}
     if mode == "i2v":
         from bench.cpu import psnr_ssim
 
@@ -287,11 +288,15 @@ def markdown(result: dict) -> str:
     for mode, res in result["modes"].items():
         acc = res["accuracy"]
         cells = [f"{acc[a]:.0%}" if a in acc else "–" for a in ATTRS]
-        other = ""
+        other = []
+        if res.get("position_axes"):
+            other.append(f"row {res['position_axes']['row']:.0%}, "
+                         f"column {res['position_axes']['column']:.0%}")
         if "first_frame_psnr_db" in res:
-            other = f"first frame {res['first_frame_psnr_db']['mean']:.1f} dB"
+            other.append(f"first frame {res['first_frame_psnr_db']['mean']:.1f} dB")
         if "reference_match" in res:
-            other = f"reference colour+shape {res['reference_match']:.0%}"
+            other.append(f"reference colour+shape {res['reference_match']:.0%}")
+        other = "; ".join(other)
         lines.append(f"| {mode} | {res['prompts']} | " + " | ".join(cells) + f" | {other} |")
     speed = result.get("speed_s")
     if speed:

@@ -131,7 +131,8 @@ class EvalReport:
         chance: attribute -> expected accuracy of a reading unrelated to the sample but
             distributed like the specs (sum of squared label frequencies).
         details: one dict per sample: "expected" and "predicted" (lists of per-object attribute
-            dicts), "background" ``(expected, predicted)`` and "correct" (attribute -> list of
+            dicts), "matched" (per expected object, the detection scored against it, or
+            None), "background" ``(expected, predicted)`` and "correct" (attribute -> list of
             bools).
     """
 
@@ -524,6 +525,7 @@ def evaluate(samples: Sequence[np.ndarray] | np.ndarray,
             "background": (spec.background, reading.background),
             "expected": [_object_dict(o, video) for o in spec.objects],
             "predicted": [_object_dict(o, video) for o in reading.objects],
+            "matched": [None if p is None else _object_dict(p, video) for p in matched],
             "correct": correct,
         })
     accuracy, counts, chance = {}, {}, {}
@@ -536,6 +538,31 @@ def evaluate(samples: Sequence[np.ndarray] | np.ndarray,
                             return_counts=True)
         chance[key] = float(np.sum((freq / freq.sum()) ** 2))
     return EvalReport(accuracy, counts, chance, details)
+
+
+def _row(position: str) -> str:
+    return "top" if "top" in position else "bottom" if "bottom" in position else "middle"
+
+
+def _column(position: str) -> str:
+    return "left" if "left" in position else "right" if "right" in position else "middle"
+
+
+def position_axes(report: EvalReport) -> dict[str, float]:
+    """Position accuracy split by axis: ``{"row": ..., "column": ...}``, the fraction of
+    expected objects whose detection is in the right row (top/middle/bottom) and in the right
+    column (left/middle/right) of the 3x3 grid. A missing object is wrong on both. Chance is
+    1/3 per axis; a model that ignores one axis shows it here (``position`` is about their
+    product)."""
+    rows, columns = [], []
+    for item in report.details:
+        for expected, found in zip(item["expected"], item["matched"], strict=True):
+            rows.append(found is not None and _row(found["position"]) == _row(expected["position"]))
+            columns.append(found is not None
+                           and _column(found["position"]) == _column(expected["position"]))
+    if not rows:
+        return {}
+    return {"row": float(np.mean(rows)), "column": float(np.mean(columns))}
 
 
 def score_mode(generate: Callable[[list[str]], np.ndarray], mode: str = "t2i", *, n: int = 256,

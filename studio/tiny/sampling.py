@@ -50,6 +50,8 @@ def adherence_report(pipe, *, n: int = 32, steps: int = 20, seed: int = 0,
             lambda caps, fr=frames: generate(pipe, caps, frames=fr, steps=steps, seed=seed),
             mode, n=n, seed=seed, batch_size=16)
         out.update({f"{mode}_{k}": round(v, 3) for k, v in report.accuracy.items()})
+        out.update({f"{mode}_position_{k}": round(v, 3)
+                    for k, v in evaluate.position_axes(report).items()})
     return out
 
 

@@ -230,3 +230,26 @@ def test_score_mode_oracle_and_prompt_ignoring_generators():
 
     with pytest.raises(ValueError):
         ev.score_mode(ignore_prompts, "t2v", n=4)  # images where clips are due
+
+
+def test_position_axes_tell_a_mirrored_model_from_a_right_one(renders):
+    """A generator that puts every object in the mirrored column (left <-> right) keeps its
+    rows: the axis split reports rows right and columns wrong wherever the column is not the
+    middle one, and both right for true renders."""
+    mirror = {"left": "right", "right": "left"}
+    specs = renders["t2i"][0][:90]
+
+    def mirrored(spec):
+        obj = spec.objects[0]
+        words = obj.position.split()
+        position = " ".join(mirror.get(word, word) for word in words)
+        return dataclasses.replace(spec, objects=(dataclasses.replace(obj, position=position),))
+
+    true_axes = ev.position_axes(ev.evaluate([w.render_image(s) for s in specs], specs))
+    assert true_axes["row"] >= 0.98 and true_axes["column"] >= 0.98
+    axes = ev.position_axes(ev.evaluate([w.render_image(mirrored(s)) for s in specs], specs))
+    middle = np.mean(["left" not in s.objects[0].position and "right" not in s.objects[0].position
+                      for s in specs])
+    assert axes["row"] >= 0.98
+    assert abs(axes["column"] - middle) <= 0.03, (axes, middle)
+    assert ev.position_axes(ev.EvalReport({}, {}, {}, [])) == {}
