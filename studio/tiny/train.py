@@ -515,6 +515,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     parser.add_argument("--checkpoint-every", type=float, default=300.0, help="seconds")
     parser.add_argument("--dest", default="assets/models/tiny-wan", help="export folder")
+    parser.add_argument("--decoder-base-dim", type=int, default=None,
+                        help="decoder: train a decoder this wide from scratch (default: keep "
+                             "the VAE's width and start from its decoder)")
     parser.add_argument("--no-pool", action="store_true",
                         help="dit: encode every batch afresh instead of the latent pool")
     args = parser.parse_args(argv)
@@ -539,7 +542,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"step": state["step"], **task.evaluate()}))
         return 0
     if args.stage == "decoder":
-        task = VaeDecoderTask(device, load_trained_vae(out, device, decoder=False))
+        if args.decoder_base_dim is not None and args.decoder_base_dim < 8:
+            parser.error(f"--decoder-base-dim must be at least 8, got {args.decoder_base_dim}")
+        task = VaeDecoderTask(device, load_trained_vae(out, device, decoder=False),
+                              decoder_base_dim=args.decoder_base_dim)
         config = TrainConfig(lr=3e-4, warmup_steps=50, total_steps=args.total_steps or 3000,
                              seed=args.seed, checkpoint_every_s=args.checkpoint_every,
                              log_every=10, weight_decay=0.0)
