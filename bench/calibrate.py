@@ -1,7 +1,8 @@
 """``python -m bench calibrate``: the step cache's settings per profile, for the embedded model.
 
 Sweeps :class:`~studio.engine.caching.StepCacheConfig` (decision ``signal``: the probe
-block's forecast error or the first block's modulated input × error budget ``threshold`` ×
+block's forecast error, the first block's modulated input, or the whole call's output
+forecast and its estimated error × error budget ``threshold`` ×
 ``max_consecutive_skips`` × forecast ``order``), alone and, with ``--guidance-reuse``, with
 guidance reuse (:class:`~studio.engine.caching.cfg_reuse.CfgReuseConfig`: the unconditional
 branch every other step after 3, FasterCache's CFG cache), on the embedded model in text-to-image
@@ -47,9 +48,13 @@ import torch
 
 from bench.cpu import EMBEDDED, ROOT, Case, Method, Runner, build_cases, psnr_ssim
 
-SIGNALS = ("block", "input")  # StepCacheConfig.signal: the probe block, or its modulated input
+# StepCacheConfig.signal: the probe block, its modulated input, or the whole call's output
+SIGNALS = ("block", "input", "output")
 FLOORS = {"quality": 0.98, "balanced": 0.95, "fast": 0.90}
 THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.2, 2.0)
+# the output signal's error budget is a forecast error weighted by the step's share of the
+# trajectory: another scale
+OUTPUT_THRESHOLDS = (0.001, 0.002, 0.004, 0.007, 0.01, 0.015, 0.02, 0.03)
 MAX_SKIPS = (1, 2, 4)
 ORDERS = (1,)  # order 2 never won a sweep here (2026-11-30) and doubles its cost
 MAX_SKIPS_WITH_REUSE = (2, 4)
@@ -128,17 +133,21 @@ def main(argv: list[str]) -> int:
                 runner.baseline = runner.measure(Method("baseline", "baseline", "stock"))
                 runners[name].append(runner)
         rows = []
-        grid = [(sig, t, s, o, None) for sig, t, s, o in
-                itertools.product(SIGNALS, THRESHOLDS, MAX_SKIPS, ORDERS)]
+        def thresholds(signal):
+            return OUTPUT_THRESHOLDS if signal == "output" else THRESHOLDS
+
+        grid = [(sig, t, s, o, None) for sig in SIGNALS for t, s, o in
+                itertools.product(thresholds(sig), MAX_SKIPS, ORDERS)]
         if args.guidance_reuse:
-            grid += [(sig, t, s, 1, reuse_config) for sig, t, s in
-                     itertools.product(SIGNALS, THRESHOLDS, MAX_SKIPS_WITH_REUSE)]
+            grid += [(sig, t, s, 1, reuse_config) for sig in SIGNALS for t, s in
+                     itertools.product(thresholds(sig), MAX_SKIPS_WITH_REUSE)]
         for signal, threshold, skips, order, reuse in grid:
-            config = StepCacheConfig(threshold=threshold, order=order, warmup_steps=2,
+            warmup = 3 if signal == "output" else 2  # its error estimate needs 3 outputs
+            config = StepCacheConfig(threshold=threshold, order=order, warmup_steps=warmup,
                                      max_consecutive_skips=skips, signal=signal)
             row = {"signal": signal, "threshold": threshold, "max_consecutive_skips": skips,
                    "order": order,
-                   "warmup_steps": 2, "guidance_reuse": None if reuse is None else {
+                   "warmup_steps": warmup, "guidance_reuse": None if reuse is None else {
                        "interval": reuse.interval, "warmup_steps": reuse.warmup_steps,
                        "order": reuse.order}}
             for name, per_prompt in runners.items():

@@ -34,8 +34,11 @@ from studio.engine.profiles import levers_for, profile_table
 ALTERNATE = StepCacheConfig(threshold=10.0, order=1, warmup_steps=2, max_consecutive_skips=1)
 # the same schedule, decided from the first block's modulated input (no block runs when skipped)
 ALTERNATE_INPUT = dataclasses.replace(ALTERNATE, signal="input")
-SCHEDULES = pytest.mark.parametrize("config", [ALTERNATE, ALTERNATE_INPUT],
-                                    ids=["block-signal", "input-signal"])
+# and skipping the whole denoiser call, its output forecast (3 full steps first: the error
+# estimate needs them)
+ALTERNATE_OUTPUT = dataclasses.replace(ALTERNATE, signal="output", warmup_steps=3)
+SCHEDULES = pytest.mark.parametrize("config", [ALTERNATE, ALTERNATE_INPUT, ALTERNATE_OUTPUT],
+                                    ids=["block-signal", "input-signal", "output-signal"])
 
 
 # -- forecast -----------------------------------------------------------------------------
@@ -71,6 +74,72 @@ def test_forecast_and_config_reject_bad_input():
         StepCacheConfig(max_consecutive_skips=-2)
     with pytest.raises(ValueError, match="optimization.profile"):
         levers_for("turbo")
+
+
+def test_output_error_estimate_is_exact_for_quadratics():
+    """The remainder estimate of linear extrapolation is the true error when the values
+    are a quadratic in t (their second divided difference is then constant)."""
+    from studio.engine.caching.step_cache import forecast_error_estimate
+
+    a, b, c = torch.randn(3, 2, 6).unbind(0)
+    ts = [950.0, 820.0, 700.0]
+
+    def quad(t):
+        return a + b * (t / 1000) + c * (t / 1000) ** 2
+
+    at = 580.0
+    error = forecast(ts, [quad(t) for t in ts], at, 1) - quad(at)
+    want = float((error.abs().sum(1) / quad(ts[-1]).abs().sum(1)).max())
+    got = forecast_error_estimate(ts, [quad(t) for t in ts], at)
+    assert got == pytest.approx(want, rel=1e-4)
+    # a straight line: nothing to fear from extrapolating it
+    assert forecast_error_estimate(ts, [a + b * t for t in ts], at) == pytest.approx(0, abs=1e-5)
+    with pytest.raises(ValueError, match="need 3"):
+        forecast_error_estimate(ts[:2], [a, b], at)
+
+
+def test_the_output_signal_returns_the_forecast_output_and_skips_by_estimated_error():
+    """On a denoiser whose output is a fixed function of t: a skipped call returns the
+    linear extrapolation of the last two full outputs; a threshold under every estimated
+    error never skips; the decisions respect the warm-up and the skip limit."""
+    from diffusers import ModelMixin
+
+    class Curved(ModelMixin):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.ones(1))
+            self.calls = 0
+
+        def forward(self, hidden_states, timestep, return_dict=False):
+            self.calls += 1
+            s = timestep.float().view(-1, 1) / 1000
+            return (hidden_states * self.scale + s + 3 * s ** 2,)
+
+    x = torch.randn(2, 5)
+    times = [999.0, 950.0, 880.0, 800.0, 700.0, 590.0, 470.0, 340.0, 200.0, 60.0]
+    for threshold, expect_skips in ((1e-9, False), (10.0, True)):
+        model = Curved()
+        stats = apply_step_cache(model, StepCacheConfig(threshold=threshold, signal="output",
+                                                        warmup_steps=3,
+                                                        max_consecutive_skips=2))
+        history, outs = [], []
+        with torch.no_grad():
+            for t in times:
+                outs.append(model(x, torch.tensor([t]))[0])
+                history.append((t, model.calls))
+        remove_step_cache(model)
+        flags = [computed for *_, computed in stats.decisions]
+        assert flags[:3] == [True, True, True]
+        assert "FFF" not in "".join("T" if f else "F" for f in flags)
+        assert (stats.skipped_calls > 0) == expect_skips
+        assert model.calls == stats.full_calls
+        full = [(t, o) for (t, _), o, f in zip(history, outs, flags, strict=True) if f]
+        for (t, _), out, computed in zip(history, outs, flags, strict=True):
+            if computed:
+                torch.testing.assert_close(out, x + t / 1000 + 3 * (t / 1000) ** 2)
+            else:
+                (t2, o2), (t1, o1) = [p for p in full if p[0] > t][-2:]
+                torch.testing.assert_close(out, o1 + (o1 - o2) * (t - t1) / (t1 - t2))
 
 
 # -- on pipelines -------------------------------------------------------------------------
@@ -127,12 +196,13 @@ def test_threshold_zero_is_bit_identical_to_no_cache(wan, flux):
 @pytest.mark.parametrize("name", ["wan", "flux"])
 @SCHEDULES
 def test_skipped_steps_do_not_run_the_blocks(name, config, wan, flux):
-    """A skipped call runs none of the deep blocks; on the input signal not even the first."""
+    """A skipped call runs none of the deep blocks; on the input and output signals not even
+    the first."""
     pipe, run = (wan, run_wan) if name == "wan" else (flux, run_flux)
     model = copy.deepcopy(pipe.transformer)
     original, pipe.transformer = pipe.transformer, model
     blocks = transformer_blocks(model)
-    counted = blocks if config.signal == "input" else blocks[1:]
+    counted = blocks if config.signal in ("input", "output") else blocks[1:]
     try:
         base = run(pipe)
         counter = count_attention(counted)

@@ -49,7 +49,7 @@ _ROOT_HOOK = "studio_step_cache_root"
 _PROBE_HOOK = "studio_step_cache_probe"
 _BLOCK_HOOK = "studio_step_cache_block"
 _DEFAULT_CONTEXT = "studio-default"
-SIGNALS = ("block", "input")
+SIGNALS = ("block", "input", "output")
 BLOCK_LIST_NAMES = ("transformer_blocks", "single_transformer_blocks", "double_stream_blocks",
                     "single_stream_blocks", "blocks", "layers")
 
@@ -73,6 +73,10 @@ class StepCacheConfig:
             for Wan-style and AdaLayerNormZero blocks, the raw input otherwise), whose
             relative L1 change from the previous call is accumulated; a skipped call then
             runs no block at all, and the first block's residual is forecast as well.
+            ``"output"``: the whole denoiser call is skipped and its *output* forecast (see
+            :class:`_OutputForecastHook`); the signal is the forecast's own estimated error,
+            from the last full outputs alone, so deciding costs nothing. Its threshold is on
+            another scale (typical 0.0005-0.02).
 
     Raises:
         ValueError: (at construction) a field out of range, naming it.
@@ -655,6 +659,173 @@ class _VacePassHook(ModelHook):
         return module
 
 
+class _OutputState(BaseState):
+    """One cache context's output history (signal ``"output"``)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.times: list[float] = []
+        self.outputs: list[list[torch.Tensor]] = []  # per full call: its output tensors
+        self.first_timestep: float | None = None
+        self.last_timestep: float | None = None
+        self.accumulated = 0.0
+        self.consecutive_skips = 0
+        self.full_steps = 0
+        self.template = None  # the output container of the last full call
+
+
+def _output_tensors(output) -> list[torch.Tensor]:
+    """The tensors of a denoiser's output: a tuple's tensor items or a ModelOutput's."""
+    items = output.values() if hasattr(output, "values") and not isinstance(output, tuple) \
+        else output if isinstance(output, tuple) else (output,)
+    return [v for v in items if isinstance(v, torch.Tensor)]
+
+
+def _rebuild_output(template, tensors: list[torch.Tensor]):
+    """``template``'s container (tuple, ModelOutput or bare tensor) around ``tensors``."""
+    if isinstance(template, torch.Tensor):
+        return tensors[0]
+    it = iter(tensors)
+    if isinstance(template, tuple):
+        return tuple(next(it) if isinstance(v, torch.Tensor) else v for v in template)
+    return type(template)(**{k: next(it) if isinstance(v, torch.Tensor) else v
+                             for k, v in template.items()})
+
+
+def forecast_error_estimate(times: list[float], values: list[torch.Tensor], at: float) -> float:
+    """Estimated relative L1 error of the linear extrapolation of ``values`` to ``at``: the
+    remainder term of linear Lagrange extrapolation, ``f[t1, t2, t3] (at - t1)(at - t2)``,
+    with the second divided difference taken from the last three values (t1 newest),
+    divided by |value at t1|; the largest over batch items (dimension 0).
+
+    Args:
+        times: at least three distinct timesteps, oldest first.
+        values: tensors of one shape (B, ...), one per time.
+    Raises:
+        ValueError: fewer than three values.
+    """
+    if len(values) < 3 or len(times) != len(values):
+        raise ValueError(f"forecast_error_estimate: need 3 times and values, got "
+                         f"{len(times)} and {len(values)}")
+    t3, t2, t1 = (float(t) for t in times[-3:])
+    v3, v2, v1 = (v.float() for v in values[-3:])
+    second = ((v1 - v2) / (t1 - t2) - (v2 - v3) / (t2 - t3)) / (t1 - t3)
+    remainder = second * ((at - t1) * (at - t2))
+    dims = tuple(range(1, v1.ndim))
+    if not dims:
+        return float(remainder.abs().sum() / v1.abs().sum().clamp_min(1e-12))
+    return float((remainder.abs().sum(dim=dims)
+                  / v1.abs().sum(dim=dims).clamp_min(1e-12)).max())
+
+
+class _OutputForecastHook(ModelHook):
+    """Signal ``"output"``: on the denoiser itself, skips whole calls and forecasts their
+    output (the predicted noise / velocity) in the timestep from the last full calls.
+
+    Why the output: a flow-matching sampler integrates the denoiser's output, so a skipped
+    step that forecasts it to first order in the timestep is an extrapolating multistep
+    update rather than a coarser step. On the embedded model (8 held-out prompts, 20 steps,
+    CFG 4) forecasting every other call this way kept SSIM 0.998 against the full run at 22
+    of 40 calls, where 10 steps (20 calls) kept 0.976 and 12 steps (24 calls) 0.990; the
+    block-level forecast of the other signals kept 0.975 at 27 calls (2026-12-01).
+
+    The decision, per call and per cache context (CFG branch): compute while warming up
+    (``max(warmup_steps, 3)`` full calls: the error estimate needs three), after
+    ``max_consecutive_skips`` skips in a row, and whenever the error accumulated since the
+    last full call would pass ``threshold``. The error of one skipped call is the estimated
+    relative error of the forecast (:func:`forecast_error_estimate`) times the call's share
+    of the trajectory: ``min(t, t_prev - t) / t_first`` (the step about to be taken is at
+    most ``t`` long, so the final steps near t = 0 weigh little whatever their relative
+    error). A skipped call runs nothing: no embedding, no block, no projection.
+
+    Sources: skipping whole noise-prediction calls with a cheap error bound is
+    AdaptiveDiffusion (Ye et al., "Training-Free Adaptive Diffusion with Bounded Difference
+    Approximation Strategy", NeurIPS 2024); forecasting instead of reusing is TaylorSeer (Liu
+    et al., ICCV 2025); accumulating the signal since the last full step is TeaCache's.
+    """
+
+    _is_stateful = True
+
+    def __init__(self, state: StateManager, stats: StepCacheStats, config: StepCacheConfig):
+        super().__init__()
+        self.state_manager = state
+        self.stats = stats
+        self.config = config
+
+    def initialize_hook(self, module):
+        self._timestep = TimestepReader(module)
+        return module
+
+    def new_forward(self, module, *args, **kwargs):
+        t = self._timestep(args, kwargs)
+        own_context = self.state_manager._context is None
+        if own_context:
+            self.state_manager.set_context(CacheContext(_DEFAULT_CONTEXT))
+        try:
+            state: _OutputState = self.state_manager.get_state()
+            if t is None or (state.last_timestep is not None and t >= state.last_timestep):
+                state.reset()  # a new trajectory (or no timestep to forecast in)
+            if state.first_timestep is None:
+                state.first_timestep = t
+            compute, error = self._decide(state, t)
+            if compute:
+                output = self.fn_ref.original_forward(*args, **kwargs)
+                self._record(state, t, output)
+                self.stats.full_calls += 1
+            else:
+                state.accumulated += error
+                state.consecutive_skips += 1
+                predicted = [forecast_tensor(state.times, [o[i] for o in state.outputs], t,
+                                             self.config.order)
+                             for i in range(len(state.outputs[-1]))]
+                output = _rebuild_output(state.template, predicted)
+                self.stats.skipped_calls += 1
+            state.last_timestep = t
+            self.stats.decisions.append((self.state_manager._context.name, t or 0.0,
+                                         state.accumulated, compute))
+            return output
+        finally:
+            if own_context:
+                self.state_manager.set_context(None)
+
+    @torch.compiler.disable
+    def _decide(self, state: _OutputState, t: float | None) -> tuple[bool, float]:
+        cfg = self.config
+        if (cfg.threshold <= 0 or t is None or state.full_steps < max(cfg.warmup_steps, 3)
+                or state.consecutive_skips >= cfg.max_consecutive_skips
+                or not state.first_timestep):
+            return True, 0.0
+        step = min(t, state.last_timestep - t) / state.first_timestep
+        error = forecast_error_estimate(state.times, [o[0] for o in state.outputs], t) * step
+        if state.accumulated + error > cfg.threshold:
+            return True, 0.0
+        return False, error
+
+    @torch.compiler.disable
+    def _record(self, state: _OutputState, t: float | None, output) -> None:
+        tensors = _output_tensors(output)
+        if state.outputs and [x.shape for x in tensors] != [x.shape for x in state.outputs[-1]]:
+            state.times, state.outputs, state.full_steps = [], [], 0  # a new layout
+        keep = max(self.config.order + 1, 3)
+        state.times = (state.times + [t])[-keep:]
+        state.outputs = (state.outputs + [[x.detach() for x in tensors]])[-keep:]
+        state.template = output
+        state.full_steps += 1
+        state.accumulated = 0.0
+        state.consecutive_skips = 0
+
+    def reset_state(self, module):
+        self.state_manager.reset()
+        return module
+
+
+def forecast_tensor(times, values, at, order):
+    """:func:`studio.engine.caching.forecast.forecast` (the polynomial extrapolation)."""
+    return _forecast_list(times, values, at, order)
+
+
 def apply_step_cache(transformer: torch.nn.Module, config: StepCacheConfig) -> StepCacheStats:
     """Installs the forecast step cache on a diffusers transformer (diffusers model hooks).
 
@@ -667,13 +838,19 @@ def apply_step_cache(transformer: torch.nn.Module, config: StepCacheConfig) -> S
         The live statistics object (counts of full and skipped calls).
 
     Raises:
-        ValueError: the model has fewer than 2 blocks, or no known block list.
+        ValueError: the model has fewer than 2 blocks, or no known block list (signals
+            ``"block"`` and ``"input"``; ``"output"`` needs no blocks).
     """
     remove_step_cache(transformer)
+    reg = HookRegistry.check_if_exists_or_initialize
+    stats = StepCacheStats()
+    if config.signal == "output":
+        reg(transformer).register_hook(
+            _OutputForecastHook(StateManager(_OutputState), stats, config), _ROOT_HOOK)
+        transformer._studio_step_cache = stats
+        return stats
     segments = block_segments(transformer)
     state = StateManager(_TrajectoryState)
-    stats = StepCacheStats()
-    reg = HookRegistry.check_if_exists_or_initialize
     reg(transformer).register_hook(_RootHook(state, stats), _ROOT_HOOK)
     group = getattr(transformer, "_studio_sequence_group", None)
     vace = bool(_vace_layers(transformer))
@@ -706,13 +883,16 @@ def remove_step_cache(transformer: torch.nn.Module) -> None:
             getattr(transformer, "_studio_unet_cache", False):  # the UNet cache's own
         return
     registry = HookRegistry.check_if_exists_or_initialize(transformer)
+    output_signal = isinstance(registry.get_hook(_ROOT_HOOK), _OutputForecastHook)
     registry.remove_hook(_ROOT_HOOK, recurse=False)
+    transformer._studio_step_cache = None
+    if output_signal:
+        return
     for block in transformer_blocks(transformer):
         reg = HookRegistry.check_if_exists_or_initialize(block)
         for name in (_PROBE_HOOK, _BLOCK_HOOK):
             if reg.get_hook(name) is not None:
                 reg.remove_hook(name, recurse=False)
-    transformer._studio_step_cache = None
 
 
 def reset_step_cache(transformer: torch.nn.Module) -> StepCacheStats | None:
