@@ -23,3 +23,19 @@ def test_quick_run_on_tiny_wan(tmp_path):
     assert ours["fast"]["full_denoiser_calls"] < 40.0  # the counter sees the skipped blocks
     assert all(r.get("repeatable", True) for r in rows)
     assert {r.get("peer") for r in rows} >= {"fewer-steps", "first-block-cache"}
+    # quality over the case's quality prompts (tiny-wan: its one prompt), worst one too
+    measured = [r for r in rows if "latency_s" in r]
+    assert all(r["quality_prompts"] == 1 and r["ssim_worst"] <= r["ssim"] + 1e-12
+               for r in measured)
+
+
+def test_embedded_cases_measure_quality_over_held_out_prompts(tmp_path):
+    """The embedded model's cases time one prompt and score work and quality over
+    QUALITY_PROMPTS prompts, the first being the timed one."""
+    cases = cpu.build_cases(tmp_path, {"embedded-t2i", "embedded-t2v"})
+    for case in cases:
+        mode = case.eval_mode
+        assert len(case.prompts) == 1
+        assert len(case.quality_prompts) == cpu.QUALITY_PROMPTS[mode]
+        assert case.quality_prompts[0] == case.prompts[0]
+        assert len(set(case.quality_prompts)) == len(case.quality_prompts)

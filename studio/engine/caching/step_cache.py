@@ -1,7 +1,17 @@
-"""Forecast step cache: skip the deep blocks of a diffusion transformer on steps where the
-first block says nothing new is happening, and forecast what they would have added.
+"""Forecast step cache: skip denoiser work on steps where little new is happening, and
+forecast what it would have produced.
 
-How one denoiser call goes, for a transformer with blocks B0..Bn (in execution order):
+Three decision signals (``StepCacheConfig.signal``):
+
+* ``"output"`` (what the embedded model's calibration picks, bench/results/*-calibrate.json):
+  whole denoiser calls are skipped and their output forecast linearly in the timestep from
+  the last full calls; the decision reads the forecast's own estimated error, so a skipped
+  call costs nothing (:class:`_OutputForecastHook`).
+* ``"block"`` and ``"input"``: the first block decides, the deep blocks are skipped and
+  their residual forecast, as below.
+
+How one denoiser call goes on the block signals, for a transformer with blocks B0..Bn (in
+execution order):
 
 1. B0 (the *probe*) always runs. Its residual ``r0 = B0(x) - x`` is compared with the
    residual *forecast* for this timestep from the last full steps (:mod:`.forecast`). The
