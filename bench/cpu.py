@@ -673,7 +673,9 @@ def plot(rows: list[dict], path: Path) -> None:
         by_method: dict[str, list] = {}
         for r in rows:
             if r["case"] == case and "latency_s" in r and r["kind"] != "baseline":
-                key = r.get("peer") or ("ours" if r["kind"] == "ours" else r["kind"])
+                key = r.get("peer") or r["kind"]
+                if r["kind"] == "ours" and "+" in r["method"]:  # ours plus another lever
+                    key = "ours+" + r["method"].split("+", 1)[1]
                 by_method.setdefault(key, []).append((r["speedup"], r["ssim"]))
         for key, pts in sorted(by_method.items()):
             pts.sort()
@@ -683,7 +685,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_xlabel("speed-up vs stock diffusers (×)")
         ax.set_ylabel("SSIM vs stock output")
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7)
+        ax.legend(fontsize=6)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
