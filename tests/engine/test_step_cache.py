@@ -394,3 +394,39 @@ def test_the_warm_up_counts_full_steps_not_the_forecast_history(wan, order, warm
     flags = [computed for context, _, _, computed in stats.decisions if context == "cond"]
     assert flags[:warmup] == [True] * warmup
     assert flags[warmup:] == [False, True] * ((12 - warmup) // 2) + [False] * (warmup % 2)
+
+
+def test_the_output_signal_goes_inside_cfg_parallel_and_leaves_it_in_place(wan):
+    """Under CFG parallelism each rank must decide only for the branch it computes, so the
+    output-signal cache goes inside the CFG-parallel hook (put on first, at load) and its
+    removal leaves that hook working, outermost."""
+    from diffusers.hooks import HookRegistry, ModelHook
+
+    class Outer(ModelHook):  # stands in for CfgParallelHook: counts the calls it wraps
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def new_forward(self, module, *args, **kwargs):
+            self.calls += 1
+            return self.fn_ref.original_forward(*args, **kwargs)
+
+    model = copy.deepcopy(wan.transformer)
+    registry = HookRegistry.check_if_exists_or_initialize(model)
+    outer = Outer()
+    registry.register_hook(outer, "studio_cfg_parallel")
+    stats = apply_step_cache(model, ALTERNATE_OUTPUT)
+    assert registry._hook_order[-1] == "studio_cfg_parallel"
+    assert registry._hook_order.index("studio_step_cache_root") < len(registry._hook_order) - 1
+    x, text = torch.randn(1, 16, 2, 4, 4), torch.randn(1, 8, 32)
+    with torch.no_grad():
+        for t in (999.0, 900.0, 780.0, 640.0, 500.0, 350.0):
+            model(x, torch.tensor([t]), text, return_dict=False)
+    assert outer.calls == 6 and stats.skipped_calls > 0
+    remove_step_cache(model)
+    assert registry._hook_order == ["studio_cfg_parallel"]
+    with torch.no_grad():
+        got = model(x, torch.tensor([500.0]), text, return_dict=False)[0]
+        want = wan.transformer(x, torch.tensor([500.0]), text, return_dict=False)[0]
+    assert outer.calls == 7
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -18,21 +18,27 @@ def losses(folder) -> list[float]:
 
 def test_vae_loss_falls_and_resume_is_exact(tmp_path):
     torch.manual_seed(0)
-    config = TrainConfig(lr=2e-3, warmup_steps=5, total_steps=40, seed=3, log_every=5,
+    config = TrainConfig(lr=5e-3, warmup_steps=5, total_steps=60, seed=3, log_every=5,
                          checkpoint_every_s=1e9)
     task = VaeTask(torch.device("cpu"), image_batch=6, clip_batch=1)
-    train(task, tmp_path / "full", config, max_steps=30)
+    before = task.evaluate()
+    train(task, tmp_path / "full", config, max_steps=60)
+    after = task.evaluate()
+    # judged on the task's fixed images and clips: one training batch per logged step is
+    # too noisy to show 60 steps of progress (it rose from step 5 to 30 on 2026-12-01)
+    assert after["psnr_image"] > before["psnr_image"] + 1.5, (before, after)
+    assert after["psnr_clip"] > before["psnr_clip"] + 0.8, (before, after)
     curve = losses(tmp_path / "full")
-    assert curve[-1] < 0.8 * curve[0], curve
+    assert np.mean(curve[-3:]) < np.mean(curve[:3]), curve
 
-    # same run in two sittings (killed after step 12): identical weights at step 30
+    # same run in two sittings (killed after step 24): identical weights at step 60
     torch.manual_seed(0)
     part = VaeTask(torch.device("cpu"), image_batch=6, clip_batch=1)
-    train(part, tmp_path / "split", config, max_steps=12)
+    train(part, tmp_path / "split", config, max_steps=24)
     torch.manual_seed(1)  # a different process state must not matter
     resumed = VaeTask(torch.device("cpu"), image_batch=6, clip_batch=1)
-    state = train(resumed, tmp_path / "split", config, max_steps=30)
-    assert state["step"] == 30
+    state = train(resumed, tmp_path / "split", config, max_steps=60)
+    assert state["step"] == 60
     a = load_file(tmp_path / "full" / "checkpoint" / "vae.safetensors")
     b = load_file(tmp_path / "split" / "checkpoint" / "vae.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)

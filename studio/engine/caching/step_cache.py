@@ -836,6 +836,41 @@ def forecast_tensor(times, values, at, order):
     return _forecast_list(times, values, at, order)
 
 
+#: Hooks that must stay outside the output-signal cache: under CFG parallelism each rank
+#: computes one branch and the two ranks exchange outputs at every step, so a rank's cache
+#: must decide only for the branch it computes, inside the exchange (outside it, one rank
+#: could skip a call the other computes, and the exchange would pair the wrong tensors).
+OUTER_HOOKS = ("studio_cfg_parallel",)
+
+
+def _peel(registry: HookRegistry) -> list[tuple[str, ModelHook]]:
+    """Removes the hooks from the first of ``OUTER_HOOKS`` outwards (outermost first, the
+    only removal diffusers' registry rewires cleanly) and returns them innermost first."""
+    order = list(registry._hook_order)
+    first = min((order.index(n) for n in OUTER_HOOKS if n in order), default=len(order))
+    peeled = [(n, registry.hooks[n]) for n in order[first:]]
+    for name, _ in reversed(peeled):
+        registry.remove_hook(name, recurse=False)
+    return peeled
+
+
+def _register_inside(registry: HookRegistry, hook: ModelHook, name: str) -> None:
+    """Registers ``hook`` inside any of ``OUTER_HOOKS`` (and whatever was put on after it)."""
+    peeled = _peel(registry)
+    registry.register_hook(hook, name)
+    for outer_name, outer in peeled:
+        registry.register_hook(outer, outer_name)
+
+
+def _remove_inside(registry: HookRegistry, name: str) -> None:
+    """Removes ``name`` from under the outer hooks, which stay in their order."""
+    peeled = _peel(registry)
+    registry.remove_hook(name, recurse=False)
+    for outer_name, outer in peeled:
+        if outer_name != name:
+            registry.register_hook(outer, outer_name)
+
+
 def apply_step_cache(transformer: torch.nn.Module, config: StepCacheConfig) -> StepCacheStats:
     """Installs the forecast step cache on a diffusers transformer (diffusers model hooks).
 
@@ -855,8 +890,8 @@ def apply_step_cache(transformer: torch.nn.Module, config: StepCacheConfig) -> S
     reg = HookRegistry.check_if_exists_or_initialize
     stats = StepCacheStats()
     if config.signal == "output":
-        reg(transformer).register_hook(
-            _OutputForecastHook(StateManager(_OutputState), stats, config), _ROOT_HOOK)
+        _register_inside(reg(transformer), _OutputForecastHook(
+            StateManager(_OutputState), stats, config), _ROOT_HOOK)
         transformer._studio_step_cache = stats
         return stats
     segments = block_segments(transformer)
@@ -893,11 +928,12 @@ def remove_step_cache(transformer: torch.nn.Module) -> None:
             getattr(transformer, "_studio_unet_cache", False):  # the UNet cache's own
         return
     registry = HookRegistry.check_if_exists_or_initialize(transformer)
-    output_signal = isinstance(registry.get_hook(_ROOT_HOOK), _OutputForecastHook)
+    if isinstance(registry.get_hook(_ROOT_HOOK), _OutputForecastHook):
+        _remove_inside(registry, _ROOT_HOOK)
+        transformer._studio_step_cache = None
+        return
     registry.remove_hook(_ROOT_HOOK, recurse=False)
     transformer._studio_step_cache = None
-    if output_signal:
-        return
     for block in transformer_blocks(transformer):
         reg = HookRegistry.check_if_exists_or_initialize(block)
         for name in (_PROBE_HOOK, _BLOCK_HOOK):
