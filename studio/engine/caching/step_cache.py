@@ -257,8 +257,10 @@ class TimestepReader:
         return float(torch.as_tensor(value).float().max()) if value is not None else None
 
 
-class _RootHook(ModelHook):
-    """On the transformer: reads the timestep, gives context-less calls a context, counts."""
+class _TrajectoryHook(ModelHook):
+    """On the transformer: reads the timestep, gives context-less calls a context, starts a
+    fresh state on a new trajectory (a timestep that does not decrease, or none), and hands
+    the call to :meth:`_call`."""
 
     _is_stateful = True
 
@@ -277,31 +279,41 @@ class _RootHook(ModelHook):
         if own_context:
             self.state_manager.set_context(CacheContext(_DEFAULT_CONTEXT))
         try:
-            state: _TrajectoryState = self.state_manager.get_state()
+            state = self.state_manager.get_state()
             if t is None or (state.last_timestep is not None and t >= state.last_timestep):
                 state.reset()  # a new trajectory (or no timestep to forecast in)
-            state.timestep = t
-            state.probed = False
-            output = self.fn_ref.original_forward(*args, **kwargs)
-            state.last_timestep = t
-            if not state.probed:
-                # the blocks did not run here: under CFG parallel another rank computed
-                # this branch (its own cache decided there); nothing to count on this rank
-                return output
-            if state.compute:
-                self.stats.full_calls += 1
-            else:
-                self.stats.skipped_calls += 1
-            self.stats.decisions.append((self.state_manager._context.name, t or 0.0,
-                                         state.accumulated, state.compute))
-            return output
+            return self._call(state, t, args, kwargs)
         finally:
             if own_context:
                 self.state_manager.set_context(None)
 
+    def _call(self, state, t: float | None, args, kwargs):
+        raise NotImplementedError
+
     def reset_state(self, module):
         self.state_manager.reset()
         return module
+
+
+class _RootHook(_TrajectoryHook):
+    """Signals ``"block"`` and ``"input"``: the blocks' hooks decide; this one counts."""
+
+    def _call(self, state: _TrajectoryState, t: float | None, args, kwargs):
+        state.timestep = t
+        state.probed = False
+        output = self.fn_ref.original_forward(*args, **kwargs)
+        state.last_timestep = t
+        if not state.probed:
+            # the blocks did not run here: under CFG parallel another rank computed
+            # this branch (its own cache decided there); nothing to count on this rank
+            return output
+        if state.compute:
+            self.stats.full_calls += 1
+        else:
+            self.stats.skipped_calls += 1
+        self.stats.decisions.append((self.state_manager._context.name, t or 0.0,
+                                     state.accumulated, state.compute))
+        return output
 
 
 class _ProbeHook(ModelHook):
@@ -730,7 +742,7 @@ def forecast_error_estimate(times: list[float], values: list[torch.Tensor], at: 
                   / v1.abs().sum(dim=dims).clamp_min(1e-12)).max())
 
 
-class _OutputForecastHook(ModelHook):
+class _OutputForecastHook(_TrajectoryHook):
     """Signal ``"output"``: on the denoiser itself, skips whole calls and forecasts their
     output (the predicted noise / velocity) in the timestep from the last full calls.
 
@@ -756,49 +768,30 @@ class _OutputForecastHook(ModelHook):
     et al., ICCV 2025); accumulating the signal since the last full step is TeaCache's.
     """
 
-    _is_stateful = True
-
     def __init__(self, state: StateManager, stats: StepCacheStats, config: StepCacheConfig):
-        super().__init__()
-        self.state_manager = state
-        self.stats = stats
+        super().__init__(state, stats)
         self.config = config
 
-    def initialize_hook(self, module):
-        self._timestep = TimestepReader(module)
-        return module
-
-    def new_forward(self, module, *args, **kwargs):
-        t = self._timestep(args, kwargs)
-        own_context = self.state_manager._context is None
-        if own_context:
-            self.state_manager.set_context(CacheContext(_DEFAULT_CONTEXT))
-        try:
-            state: _OutputState = self.state_manager.get_state()
-            if t is None or (state.last_timestep is not None and t >= state.last_timestep):
-                state.reset()  # a new trajectory (or no timestep to forecast in)
-            if state.first_timestep is None:
-                state.first_timestep = t
-            compute, error = self._decide(state, t)
-            if compute:
-                output = self.fn_ref.original_forward(*args, **kwargs)
-                self._record(state, t, output)
-                self.stats.full_calls += 1
-            else:
-                state.accumulated += error
-                state.consecutive_skips += 1
-                predicted = [forecast_tensor(state.times, [o[i] for o in state.outputs], t,
-                                             self.config.order)
-                             for i in range(len(state.outputs[-1]))]
-                output = _rebuild_output(state.template, predicted)
-                self.stats.skipped_calls += 1
-            state.last_timestep = t
-            self.stats.decisions.append((self.state_manager._context.name, t or 0.0,
-                                         state.accumulated, compute))
-            return output
-        finally:
-            if own_context:
-                self.state_manager.set_context(None)
+    def _call(self, state: _OutputState, t: float | None, args, kwargs):
+        if state.first_timestep is None:
+            state.first_timestep = t
+        compute, error = self._decide(state, t)
+        if compute:
+            output = self.fn_ref.original_forward(*args, **kwargs)
+            self._record(state, t, output)
+            self.stats.full_calls += 1
+        else:
+            state.accumulated += error
+            state.consecutive_skips += 1
+            predicted = [forecast_tensor(state.times, [o[i] for o in state.outputs], t,
+                                         self.config.order)
+                         for i in range(len(state.outputs[-1]))]
+            output = _rebuild_output(state.template, predicted)
+            self.stats.skipped_calls += 1
+        state.last_timestep = t
+        self.stats.decisions.append((self.state_manager._context.name, t or 0.0,
+                                     state.accumulated, compute))
+        return output
 
     @torch.compiler.disable
     def _decide(self, state: _OutputState, t: float | None) -> tuple[bool, float]:
@@ -825,10 +818,6 @@ class _OutputForecastHook(ModelHook):
         state.full_steps += 1
         state.accumulated = 0.0
         state.consecutive_skips = 0
-
-    def reset_state(self, module):
-        self.state_manager.reset()
-        return module
 
 
 def forecast_tensor(times, values, at, order):
