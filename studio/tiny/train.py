@@ -518,6 +518,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decoder-base-dim", type=int, default=None,
                         help="decoder: train a decoder this wide from scratch (default: keep "
                              "the VAE's width and start from its decoder)")
+    parser.add_argument("--decoder-dir", default="decoder",
+                        help="decoder: the run sub-folder to train in (export and sampling "
+                             "use <out>/decoder; train a candidate elsewhere, then rename it)")
     parser.add_argument("--no-pool", action="store_true",
                         help="dit: encode every batch afresh instead of the latent pool")
     args = parser.parse_args(argv)
@@ -549,7 +552,9 @@ def main(argv: list[str] | None = None) -> int:
         config = TrainConfig(lr=3e-4, warmup_steps=50, total_steps=args.total_steps or 3000,
                              seed=args.seed, checkpoint_every_s=args.checkpoint_every,
                              log_every=10, weight_decay=0.0)
-        state = train(task, out / "decoder", config, max_steps=args.steps,
+        if not args.decoder_dir or "/" in args.decoder_dir or args.decoder_dir in (".", ".."):
+            parser.error(f"--decoder-dir must be a plain folder name, got {args.decoder_dir!r}")
+        state = train(task, out / args.decoder_dir, config, max_steps=args.steps,
                       max_minutes=args.minutes, should_stop=lambda: stop["asked"],
                       on_log=lambda line: print(f"[decoder] {line}", file=sys.stderr,
                                                 flush=True))
