@@ -503,6 +503,9 @@ class Runner:
             self.baseline_out, self.baseline_outs = out, outs
             self.flops_per_call = flops / (self.case.steps * self.case.denoiser_calls_per_step)
         row["full_denoiser_calls"] = round(flops / self.flops_per_call, 2)
+        # the timed prompt is quality prompt 0 (same prompt and seed): its own work, which is
+        # what its latency reflects (an adaptive cache's work varies by prompt)
+        row["timed_prompt_calls"] = round(flops_each[0] / self.flops_per_call, 2)
         row["quality_prompts"] = len(outs)
         scores = [psnr_ssim(o, b) for o, b in zip(outs, self.baseline_outs, strict=True)]
         psnrs, ssims = [p for p, _ in scores], [q for _, q in scores]

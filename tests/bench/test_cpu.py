@@ -26,7 +26,7 @@ def test_quick_run_on_tiny_wan(tmp_path):
     # quality over the case's quality prompts (tiny-wan: its one prompt), worst one too
     measured = [r for r in rows if "latency_s" in r]
     assert all(r["quality_prompts"] == 1 and r["ssim_worst"] <= r["ssim"] + 1e-12
-               for r in measured)
+               and r["timed_prompt_calls"] == r["full_denoiser_calls"] for r in measured)
 
 
 def test_embedded_cases_measure_quality_over_held_out_prompts(tmp_path):
