@@ -783,8 +783,8 @@ class _OutputForecastHook(_TrajectoryHook):
         else:
             state.accumulated += error
             state.consecutive_skips += 1
-            predicted = [forecast_tensor(state.times, [o[i] for o in state.outputs], t,
-                                         self.config.order)
+            predicted = [_forecast_list(state.times, [o[i] for o in state.outputs], t,
+                                        self.config.order)
                          for i in range(len(state.outputs[-1]))]
             output = _rebuild_output(state.template, predicted)
             self.stats.skipped_calls += 1
@@ -818,11 +818,6 @@ class _OutputForecastHook(_TrajectoryHook):
         state.full_steps += 1
         state.accumulated = 0.0
         state.consecutive_skips = 0
-
-
-def forecast_tensor(times, values, at, order):
-    """:func:`studio.engine.caching.forecast.forecast` (the polynomial extrapolation)."""
-    return _forecast_list(times, values, at, order)
 
 
 #: Hooks that must stay outside the output-signal cache: under CFG parallelism each rank
