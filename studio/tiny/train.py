@@ -505,7 +505,8 @@ def load_trained_vae(run: Path, device: torch.device, *, decoder: bool = True):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m studio.tiny.train", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m studio.tiny.train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("stage", choices=["vae", "decoder", "dit", "export"])
     parser.add_argument("--out", default="runs/tiny", help="run folder (checkpoints, logs)")
     parser.add_argument("--minutes", type=float, default=None, help="stop after this sitting")
@@ -524,6 +525,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-pool", action="store_true",
                         help="dit: encode every batch afresh instead of the latent pool")
     args = parser.parse_args(argv)
+    if not args.decoder_dir or "/" in args.decoder_dir or "\\" in args.decoder_dir or \
+            args.decoder_dir in (".", ".."):
+        parser.error(f"--decoder-dir must be a plain folder name, got {args.decoder_dir!r}")
+    if args.decoder_base_dim is not None and args.decoder_base_dim < 8:
+        parser.error(f"--decoder-base-dim must be at least 8, got {args.decoder_base_dim}")
+    out = Path(args.out)
+    needs_vae = args.stage in ("decoder", "dit", "export")
+    if needs_vae and not (out / "vae" / "checkpoint" / "vae.safetensors").exists():
+        parser.error(f"no trained VAE under {out / 'vae'}: run the vae stage first "
+                     f"(python -m studio.tiny.train vae --out {args.out})")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -532,7 +543,6 @@ def main(argv: list[str] | None = None) -> int:
 
     stop = {"asked": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("asked", True))
-    out = Path(args.out)
     device = device_default()
     if args.stage == "vae":
         task = VaeTask(device)
@@ -545,15 +555,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"step": state["step"], **task.evaluate()}))
         return 0
     if args.stage == "decoder":
-        if args.decoder_base_dim is not None and args.decoder_base_dim < 8:
-            parser.error(f"--decoder-base-dim must be at least 8, got {args.decoder_base_dim}")
         task = VaeDecoderTask(device, load_trained_vae(out, device, decoder=False),
                               decoder_base_dim=args.decoder_base_dim)
         config = TrainConfig(lr=3e-4, warmup_steps=50, total_steps=args.total_steps or 3000,
                              seed=args.seed, checkpoint_every_s=args.checkpoint_every,
                              log_every=10, weight_decay=0.0)
-        if not args.decoder_dir or "/" in args.decoder_dir or args.decoder_dir in (".", ".."):
-            parser.error(f"--decoder-dir must be a plain folder name, got {args.decoder_dir!r}")
         state = train(task, out / args.decoder_dir, config, max_steps=args.steps,
                       max_minutes=args.minutes, should_stop=lambda: stop["asked"],
                       on_log=lambda line: print(f"[decoder] {line}", file=sys.stderr,

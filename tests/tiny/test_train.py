@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -157,3 +158,20 @@ def test_wider_decoder_trains_on_the_frozen_encoder_and_is_loaded_after(tmp_path
     w = tuned.pixel_weights(x)
     assert w.shape == (1, 1, 2, 64, 64) and w[0, 0, 0].max() == 1
     assert w[0, 0, 1, 20, 25] == 5 and w[0, 0, 1, 25, 25] == 1 and w[0, 0, 1, 19, 25] == 5
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["decoder", "--decoder-dir", "../escape"], "--decoder-dir must be a plain folder name"),
+    (["decoder", "--decoder-dir", ""], "--decoder-dir must be a plain folder name"),
+    (["decoder", "--decoder-base-dim", "4"], "--decoder-base-dim must be at least 8"),
+    (["decoder"], "no trained VAE under"),
+    (["dit"], "no trained VAE under"),
+])
+def test_trainer_refuses_bad_arguments_before_loading_anything(tmp_path, capsys, argv, message):
+    from studio.tiny.train import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--out", str(tmp_path / "run")])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "escape").exists() and not (tmp_path / "run").exists()
