@@ -431,9 +431,10 @@ class Runner:
         self.baseline_outs: list[np.ndarray] | None = None  # per quality prompt
         self.flops_per_call: float = 1.0
 
-    def once(self, method: Method, count: bool = True) -> tuple[np.ndarray, float, float, int]:
-        """(output, denoiser flops, seconds, peak RSS bytes) of one run. With ``count`` the
-        work is counted (:class:`DenoiserWork` intercepts every torch call in Python, which
+    def once(self, method: Method, count: bool = True, prompts: list[str] | None = None,
+             seed: int = 0) -> tuple[np.ndarray, float, float, int]:
+        """(output, denoiser flops, seconds, peak RSS bytes) of one run of ``prompts`` (default:
+        the case's) from ``seed``. With ``count`` the work is counted (:class:`DenoiserWork` intercepts every torch call in Python, which
         slows a small model down: such a run's seconds are not a latency); without it the
         flops are 0."""
         case, t = self.case, self.case.pipe.transformer
@@ -443,7 +444,8 @@ class Runner:
             counter = DenoiserWork(t) if count else contextlib.nullcontext()
             with PeakRss() as rss, counter:
                 t0 = time.perf_counter()
-                out = case.call(case.pipe, case.prompts, 0, method.steps or case.steps)
+                out = case.call(case.pipe, prompts or case.prompts, seed,
+                                method.steps or case.steps)
                 seconds = time.perf_counter() - t0
         finally:
             if method.teardown:
@@ -456,18 +458,10 @@ class Runner:
 
     def quality_runs(self, method: Method) -> tuple[list[float], list[np.ndarray]]:
         """Counted flops and output of each quality prompt run alone (prompt k, seed k)."""
-        case, t = self.case, self.case.pipe.transformer
         flops, outs = [], []
-        for k, prompt in enumerate(case.quality_prompts or case.prompts):
-            if method.setup:
-                method.setup(t)
-            try:
-                with DenoiserWork(t) as counter:
-                    out = case.call(case.pipe, [prompt], k, method.steps or case.steps)
-            finally:
-                if method.teardown:
-                    method.teardown(t)
-            flops.append(counter.flops)
+        for k, prompt in enumerate(self.case.quality_prompts or self.case.prompts):
+            out, f, _, _ = self.once(method, prompts=[prompt], seed=k)
+            flops.append(f)
             outs.append(out)
         return flops, outs
 
