@@ -68,7 +68,9 @@ class ProfileLevers:
             loaded per precision.
         attention: ``"sdpa"`` (PyTorch's, via diffusers) or one of our kernels routed in by
             :mod:`studio.engine.attention`: ``"flash"``, ``"sage"``, ``"sparse"``.
-        compile: whether the denoiser is compiled with torch.compile.
+        compile: whether the denoiser's repeated blocks are compiled with torch.compile
+            (:mod:`studio.engine.compile`); off in every profile until the GPU benchmark
+            has measured it.
         guidance_reuse: when the unconditional branch is computed
             (:class:`~studio.engine.caching.cfg_reuse.CfgReuseConfig`: every other step after
             a warm-up, its difference to the conditional one forecast in between), or None
