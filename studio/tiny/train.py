@@ -4,6 +4,16 @@
     python -m studio.tiny.train decoder --out runs/tiny --minutes 60  # optional, after vae
     python -m studio.tiny.train dit --out runs/tiny --minutes 120     # needs the VAE
     python -m studio.tiny.train export --out runs/tiny                # -> assets/models/tiny-wan
+    python -m studio.tiny.train snapshot --out runs/tiny              # -> training/tiny/dit
+    python -m studio.tiny.train restore --out runs/tiny               # <- the repository
+
+``snapshot`` and ``restore`` carry a run between machines through the repository alone
+(a session's machine keeps only what is committed). ``snapshot`` writes the denoiser's EMA
+weights in fp16 (7 MB), its ``state.json`` and its logs into ``training/tiny/dit``.
+``restore`` rebuilds ``<out>`` from the committed VAE checkpoint (``training/tiny/vae``), the
+shipped model (``--dest``: its VAE decoder) and the newer of the denoiser snapshot and the
+shipped denoiser: live and EMA copies both start from those EMA weights (widened to fp32;
+AdamW's moments restart) at their training step.
 
 The pieces are separate: the model builders (:func:`build_vae`, :func:`build_denoiser`), the
 data (:mod:`studio.tiny.world`), the objectives (:class:`VaeTask`, :class:`DenoiserTask`) and
@@ -504,10 +514,164 @@ def load_trained_vae(run: Path, device: torch.device, *, decoder: bool = True):
     return vae.to(device)
 
 
+SNAPSHOT_PARTS = (("transformer", "diffusion_pytorch_model.safetensors"),
+                  ("text_encoder", "model.safetensors"))
+
+
+def snapshot_run(out: Path, committed: Path = Path("training/tiny")) -> dict:
+    """Writes the denoiser run's EMA weights (fp16 safetensors, ``ema_transformer`` and
+    ``ema_text_encoder``), ``state.json`` and logs from ``out/dit`` into ``committed/dit``
+    (each file written to a temporary name, then renamed), for :func:`restore_run` on the next
+    machine.
+
+    Returns:
+        The snapshot's state (``step``, ``elapsed_s``, ``seed``).
+
+    Raises:
+        ValueError: ``out/dit`` has no complete checkpoint.
+    """
+    import os
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    ckpt = out / "dit" / "checkpoint"
+    if not (ckpt / "state.json").exists() or not all(
+            (ckpt / f"ema_{part}.safetensors").exists() for part, _ in SNAPSHOT_PARTS):
+        raise ValueError(f"out={str(out)!r}: no complete denoiser checkpoint under {ckpt}")
+    dest = committed / "dit" / "checkpoint"
+    dest.mkdir(parents=True, exist_ok=True)
+
+    def _replace(tmp: Path, final: Path) -> None:
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+
+    for part, _ in SNAPSHOT_PARTS:
+        weights = {k: v.to(torch.float16).contiguous()
+                   for k, v in load_file(str(ckpt / f"ema_{part}.safetensors")).items()}
+        tmp = dest / f".ema_{part}.safetensors.tmp"
+        save_file(weights, str(tmp))
+        _replace(tmp, dest / f"ema_{part}.safetensors")
+    for src, final in ((ckpt / "state.json", dest / "state.json"),
+                       *((out / "dit" / log, committed / "dit" / log)
+                         for log in ("train_log.jsonl", "eval_log.jsonl"))):
+        if src.exists():
+            tmp = final.with_name(f".{final.name}.tmp")
+            shutil.copyfile(src, tmp)
+            _replace(tmp, final)
+    return json.loads((ckpt / "state.json").read_text())
+
+
+def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) -> dict:
+    """Rebuilds ``out/{vae,decoder,dit}`` from what the repository holds: the committed VAE
+    checkpoint and logs (``committed/vae``), the committed decoder logs and ``state.json``
+    (``committed/decoder-w16``), the denoiser's snapshot and logs (``committed/dit``, see
+    :func:`snapshot_run`) and an exported model folder ``dest`` (see
+    :func:`studio.tiny.sampling.export_pipeline`; its VAE decoder is the run's decoder).
+
+    The denoiser starts from the newer (by training step) of the snapshot's EMA weights and
+    the exported (EMA) weights: live and EMA copies alike, cast to fp32; the optimizer state
+    is not restored (AdamW restarts its moments). ``elapsed_s`` is the last logged time at or
+    before that step in the denoiser's log (0 if none), and a ``restored_from`` line marks the
+    restart in that log. Existing checkpoints under ``out`` are kept: restore only fills what
+    is missing.
+
+    Returns:
+        ``{"vae": ..., "decoder": ..., "dit": ...}``: what each part became ("kept" or
+        "restored ...").
+
+    Raises:
+        ValueError: ``dest`` is not an exported model folder with a ``training_step``, or
+            ``committed/vae`` lacks ``checkpoint/vae.safetensors``.
+    """
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    meta_path = dest / "studio.json"
+    if not meta_path.exists() or not (dest / "transformer").is_dir():
+        raise ValueError(f"dest={str(dest)!r}: not an exported model folder (no studio.json "
+                         "and transformer/)")
+    step = json.loads(meta_path.read_text()).get("training_step")
+    if not isinstance(step, int) or step < 0:
+        raise ValueError(f"dest={str(dest)!r}: studio.json has no training_step")
+    if not (committed / "vae" / "checkpoint" / "vae.safetensors").exists():
+        raise ValueError(f"committed={str(committed)!r}: no vae/checkpoint/vae.safetensors")
+    done: dict[str, str] = {}
+
+    def _copy_logs(src: Path, dst: Path) -> None:
+        dst.mkdir(parents=True, exist_ok=True)
+        for log in ("train_log.jsonl", "eval_log.jsonl"):
+            if (src / log).exists() and not (dst / log).exists():
+                shutil.copy2(src / log, dst / log)
+
+    vae_dir = out / "vae"  # the VAE as trained jointly: its encoder defines the latent space
+    if (vae_dir / "checkpoint" / "vae.safetensors").exists():
+        done["vae"] = "kept"
+    else:
+        _copy_logs(committed / "vae", vae_dir)
+        shutil.copytree(committed / "vae" / "checkpoint", vae_dir / "checkpoint",
+                        dirs_exist_ok=True)
+        done["vae"] = f"restored from {committed / 'vae'}"
+    dec = out / "decoder"  # the decoder export and sampling use: the shipped VAE's
+    if (dec / "checkpoint" / "vae.safetensors").exists():
+        done["decoder"] = "kept"
+    else:
+        _copy_logs(committed / "decoder-w16", dec)
+        decoder_keys = ("decoder.", "post_quant_conv.")
+        encoder = load_file(str(vae_dir / "checkpoint" / "vae.safetensors"))
+        shipped = load_file(str(dest / "vae" / "diffusion_pytorch_model.safetensors"))
+        merged = {k: v.contiguous() for k, v in encoder.items() if not k.startswith(decoder_keys)}
+        merged.update({k: v.float().contiguous() for k, v in shipped.items()
+                       if k.startswith(decoder_keys)})
+        (dec / "checkpoint").mkdir(parents=True, exist_ok=True)
+        save_file(merged, str(dec / "checkpoint" / "vae.safetensors"))
+        state = committed / "decoder-w16" / "checkpoint" / "state.json"
+        (dec / "checkpoint").joinpath("state.json").write_text(
+            state.read_text() if state.exists() else json.dumps({"step": 0, "elapsed_s": 0.0,
+                                                                 "seed": 0}))
+        done["decoder"] = f"restored from {dest / 'vae'}"
+    dit = out / "dit"  # the denoiser and text encoder: live = EMA
+    if (dit / "checkpoint" / "state.json").exists():
+        done["dit"] = "kept"
+        return done
+    snap = committed / "dit" / "checkpoint"
+    sources = {part: dest / part / file for part, file in SNAPSHOT_PARTS}
+    origin = str(dest)
+    if (snap / "state.json").exists() and all(
+            (snap / f"ema_{part}.safetensors").exists() for part, _ in SNAPSHOT_PARTS):
+        snap_step = json.loads((snap / "state.json").read_text()).get("step")
+        if isinstance(snap_step, int) and snap_step > step:
+            step, origin = snap_step, str(snap)
+            sources = {part: snap / f"ema_{part}.safetensors" for part, _ in SNAPSHOT_PARTS}
+    _copy_logs(committed / "dit", dit)
+    elapsed = 0.0
+    log = dit / "train_log.jsonl"
+    if log.exists():
+        for line in log.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("step", step + 1) <= step and "elapsed_s" in row:
+                elapsed = max(elapsed, float(row["elapsed_s"]))
+    (dit / "checkpoint").mkdir(parents=True, exist_ok=True)
+    for part, source in sources.items():
+        weights = {k: v.float().contiguous() for k, v in load_file(str(source)).items()}
+        save_file(weights, str(dit / "checkpoint" / f"{part}.safetensors"))
+        save_file(weights, str(dit / "checkpoint" / f"ema_{part}.safetensors"))
+    (dit / "checkpoint" / "state.json").write_text(
+        json.dumps({"step": step, "elapsed_s": elapsed, "seed": 0}, indent=1))
+    with open(log, "a") as fh:  # marks where the restored run picks up
+        fh.write(json.dumps({"step": step, "elapsed_s": elapsed, "restored_from": origin})
+                 + "\n")
+    done["dit"] = f"restored from {origin} at step {step}"
+    return done
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m studio.tiny.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=["vae", "decoder", "dit", "export"])
+    parser.add_argument("stage", choices=["vae", "decoder", "dit", "export", "snapshot",
+                                                  "restore"])
     parser.add_argument("--out", default="runs/tiny", help="run folder (checkpoints, logs)")
     parser.add_argument("--minutes", type=float, default=None, help="stop after this sitting")
     parser.add_argument("--steps", type=int, default=None, help="stop at this total step")
@@ -531,6 +695,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.decoder_base_dim is not None and args.decoder_base_dim < 8:
         parser.error(f"--decoder-base-dim must be at least 8, got {args.decoder_base_dim}")
     out = Path(args.out)
+    if args.stage in ("restore", "snapshot"):
+        try:
+            print(json.dumps(restore_run(out, Path(args.dest)) if args.stage == "restore"
+                             else snapshot_run(out)))
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
     needs_vae = args.stage in ("decoder", "dit", "export")
     if needs_vae and not (out / "vae" / "checkpoint" / "vae.safetensors").exists():
         parser.error(f"no trained VAE under {out / 'vae'}: run the vae stage first "
@@ -592,4 +764,5 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["build_vae", "VaeTask", "VaeDecoderTask", "load_checkpoint"]
+__all__ = ["build_vae", "VaeTask", "VaeDecoderTask", "load_checkpoint", "restore_run",
+           "snapshot_run"]

@@ -175,3 +175,76 @@ def test_trainer_refuses_bad_arguments_before_loading_anything(tmp_path, capsys,
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "escape").exists() and not (tmp_path / "run").exists()
+
+
+def test_snapshot_and_restore_carry_a_run_through_the_repository(tmp_path, capsys):
+    """A fresh machine has only the repository: restore rebuilds the run from the committed
+    VAE and the shipped model, training resumes at the shipped step, and a snapshot of the
+    resumed run is what the next restore starts from."""
+    import shutil
+    from pathlib import Path
+
+    from studio.tiny.train import main, restore_run, snapshot_run
+
+    shipped = Path(__file__).resolve().parents[2] / "assets" / "models" / "tiny-wan"
+    repo_vae = Path(__file__).resolve().parents[2] / "training" / "tiny" / "vae"
+    committed = tmp_path / "committed"
+    shutil.copytree(repo_vae, committed / "vae")
+    (committed / "dit").mkdir()
+    (committed / "dit" / "train_log.jsonl").write_text(
+        json.dumps({"step": 100, "elapsed_s": 7.5, "loss": 0.5}) + "\n")
+    step = json.loads((shipped / "studio.json").read_text())["training_step"]
+
+    run = tmp_path / "run"
+    done = restore_run(run, shipped, committed)
+    assert done["dit"] == f"restored from {shipped} at step {step}", done
+    state = json.loads((run / "dit" / "checkpoint" / "state.json").read_text())
+    assert state == {"step": step, "elapsed_s": 7.5, "seed": 0}
+    shipped_t = load_file(shipped / "transformer" / "diffusion_pytorch_model.safetensors")
+    for name in ("transformer", "ema_transformer"):
+        got = load_file(run / "dit" / "checkpoint" / f"{name}.safetensors")
+        assert all(got[k].dtype == torch.float32 and torch.equal(got[k], v.float())
+                   for k, v in shipped_t.items())
+    vae = load_file(run / "decoder" / "checkpoint" / "vae.safetensors")
+    shipped_vae = load_file(shipped / "vae" / "diffusion_pytorch_model.safetensors")
+    encoder = load_file(committed / "vae" / "checkpoint" / "vae.safetensors")
+    assert torch.equal(vae["decoder.conv_out.weight"], shipped_vae["decoder.conv_out.weight"].float())
+    assert torch.equal(vae["encoder.conv_in.weight"], encoder["encoder.conv_in.weight"])
+    restart = json.loads((run / "dit" / "train_log.jsonl").read_text().splitlines()[-1])
+    assert restart["restored_from"] == str(shipped) and restart["step"] == step
+    assert restore_run(run, shipped, committed) == {"vae": "kept", "decoder": "kept",
+                                                    "dit": "kept"}
+
+    # training resumes from the restored step (no optimizer state: AdamW starts afresh)
+    from studio.tiny.train import load_trained_vae
+
+    torch.manual_seed(0)
+    task = DenoiserTask(torch.device("cpu"), load_trained_vae(run, torch.device("cpu")),
+                        image_batch=2, clip_batch=1)
+    task.on_checkpoint = lambda *a: None
+    config = TrainConfig(lr=1e-4, warmup_steps=1, total_steps=step + 10, seed=0, log_every=1,
+                         checkpoint_every_s=1e9, weight_decay=0.0)
+    after = train(task, run / "dit", config, max_steps=step + 2, after_step=task.update_ema)
+    assert after["step"] == step + 2
+
+    # snapshot: fp16 EMA weights + state + logs into the committed folder; restore prefers it
+    assert snapshot_run(run, committed)["step"] == step + 2
+    snap = load_file(committed / "dit" / "checkpoint" / "ema_transformer.safetensors")
+    ema = dict(task.ema_transformer.state_dict())
+    assert all(v.dtype == torch.float16 and torch.equal(v, ema[k].half()) for k, v in snap.items())
+    assert any(not torch.equal(v.float(), shipped_t[k].float()) for k, v in snap.items())
+    run2 = tmp_path / "run2"
+    assert restore_run(run2, shipped, committed)["dit"] == (
+        f"restored from {committed / 'dit' / 'checkpoint'} at step {step + 2}")
+    live = load_file(run2 / "dit" / "checkpoint" / "transformer.safetensors")
+    assert all(torch.equal(live[k], v.float()) for k, v in snap.items())
+
+    # bad input: a clear error, exit status 2, nothing written
+    with pytest.raises(ValueError, match="dest="):
+        restore_run(tmp_path / "run3", tmp_path / "nowhere", committed)
+    with pytest.raises(ValueError, match="no complete denoiser checkpoint"):
+        snapshot_run(tmp_path / "empty", committed)
+    assert main(["restore", "--out", str(tmp_path / "run4"), "--dest",
+                 str(tmp_path / "nowhere")]) == 2
+    assert "not an exported model folder" in capsys.readouterr().err
+    assert not (tmp_path / "run3").exists() and not (tmp_path / "run4").exists()
