@@ -1,7 +1,8 @@
 """Headless entry point over the engine API: ``studio render``, ``studio models``.
 
 Exit codes: 0 done, 2 bad input (one line per problem, naming the field; no traceback),
-1 internal error (a message and the log file holding the traceback), 130 interrupted.
+1 internal error (a message and the log file holding the traceback), 130 interrupted (Ctrl+C),
+143 terminated (SIGTERM; stopped the same way: nothing half written).
 """
 
 from __future__ import annotations
@@ -18,6 +19,13 @@ from pathlib import Path
 from typing import Any
 
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+
+class Terminated(BaseException):
+    """Raised in the main thread by SIGTERM (``kill``, a logout): unwinds like Ctrl+C, so
+    the engine stops and no temporary file is left (a BaseException: ``except Exception``
+    blocks do not swallow it)."""
 
 
 class BadInput(Exception):
@@ -222,6 +230,13 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
                 notes.append(f"size: using {width}x{height} for the {w0}x{h0} input image "
                              f"(nearest multiple of {caps.spatial_multiple} within the model's "
                              f"limits; resized to cover and centre-cropped)")
+    if "mask" in fields and "init_image" in fields:
+        mh, mw = pixels[fields["mask"].content_id].shape[:2]
+        ih, iw = pixels[fields["init_image"].content_id].shape[:2]
+        if (mw, mh) != (iw, ih):  # resized apart, the mask would cover the wrong area
+            raise BadInput(f"mask: {mw}x{mh} does not match the init image's {iw}x{ih}; "
+                           f"the mask must be the init image's size (white = repaint)")
+    sized_note = any(n.startswith("size:") for n in notes)
     out_w = width if width is not None else base.get("width", caps.default_width)
     out_h = height if height is not None else base.get("height", caps.default_height)
     for name, ref in list(fields.items()):
@@ -232,6 +247,10 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
             if (w0, h0) != (out_w, out_h) and isinstance(out_w, int) and isinstance(out_h, int):
                 r = replace(r, conversion=f"{r.conversion}; {w0}x{h0} resized to cover "
                                           f"{out_w}x{out_h} and centre-cropped")
+                if not sized_note and name != "mask":
+                    cropped = "" if w0 * out_h == h0 * out_w else " and centre-cropped"
+                    notes.append(f"{name}: the {w0}x{h0} image is resized to cover "
+                                 f"{out_w}x{out_h}{cropped} (the output size)")
             fitted.append(r)
         fields[name] = tuple(fitted) if isinstance(ref, tuple) else fitted[0]
     req_fields = dict(
@@ -381,10 +400,11 @@ def cmd_render(args) -> int:
 
         plays = playback_fps(path.suffix, event.fps)
         if abs(plays - event.fps) > 0.01 * event.fps:
-            print(f"note: fps: {path.suffix} stores frame times in "
-                  f"{'1/100' if path.suffix.lower() == '.gif' else '1/1000'} s, so it plays at "
-                  f"{plays:.3g} fps, not {event.fps:g} (.mp4 keeps the exact rate)",
-                  file=sys.stderr)
+            why = ("stores frame times in 1/100 s and viewers slow frames under 20 ms down, "
+                   "so it is written to play at" if path.suffix.lower() == ".gif" else
+                   "stores frame times in 1/1000 s, so it plays at")
+            print(f"note: fps: {path.suffix} {why} {plays:.3g} fps, not {event.fps:g} "
+                  f"(.mp4 keeps the exact rate)", file=sys.stderr)
     if original is not None:
         from studio.store.export import read_frames
 
@@ -450,7 +470,27 @@ def _size(n: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import signal
+    import threading
+
     args = build_parser().parse_args(argv)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def _terminate(_signum, _frame):
+            raise Terminated()
+
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return _main(args)
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        return EXIT_TERMINATED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("diffusers", "transformers"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
@@ -461,8 +501,8 @@ def main(argv: list[str] | None = None) -> int:
     except BadInput as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # "^C" was echoed on the terminal: start a new line after it
+        print(("\n" if sys.stderr.isatty() else "") + "interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except OSError as exc:  # the machine's, not ours: disk full, quota, read-only disk
         if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):

@@ -61,7 +61,8 @@ def _metadata_blob(request_json: str, environment: dict[str, Any] | None) -> str
 
 def check_output_path(out: str | Path, inputs: Sequence[str | Path | None] = ()) -> Path:
     """The output file, checked before any work: not empty, not a folder, not one of the
-    inputs, and its folder (created when missing) writable. The CLI and the studio's exports
+    inputs, and its folder writable (missing folders are not created here, only when the
+    result is written: a refused request changes nothing on disk). The CLI and the studio's exports
     word these problems alike.
 
     Raises:
@@ -80,17 +81,19 @@ def check_output_path(out: str | Path, inputs: Sequence[str | Path | None] = ())
     for given in inputs:
         if given and Path(given).expanduser().resolve() == resolved:
             raise ValueError(f"out={str(out)!r}: is also an input file; choose another name")
+    # the nearest folder that exists must be writable; missing folders below it are made
+    # only when the result is written (a refused request leaves nothing behind)
+    existing = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ValueError(f"out={str(out)!r}: {existing} is a file, not a folder; choose "
+                         f"another place")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=".studio-write-check.")
+        if existing is None:
+            raise FileNotFoundError(f"no existing folder above {path.parent}")
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".studio-write-check.")
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        blocker = next((p for p in (path.parent, *path.parent.parents)
-                        if p.exists() and not p.is_dir()), None)
-        if blocker is not None:
-            raise ValueError(f"out={str(out)!r}: {blocker} is a file, not a folder; choose "
-                             f"another place") from None
         raise ValueError(f"out={str(out)!r}: cannot write in {path.parent} "
                          f"({exc.strerror or exc})") from None
     return path
@@ -112,18 +115,25 @@ def check_suffix(path: str | Path, num_frames: int) -> str:
     return suffix
 
 
-def frame_duration_ms(fps: float) -> int:
-    """The per-frame duration written to GIF and WebP files, milliseconds (at least 10)."""
-    return max(10, round(1000 / fps))
+#: Shortest GIF frame time written, milliseconds: browsers and most viewers play GIF frame
+#: times of 10 ms or less as about 100 ms, so faster GIFs would play ten times too slowly.
+GIF_MIN_FRAME_MS = 20
+
+
+def frame_duration_ms(fps: float, suffix: str = ".webp") -> int:
+    """The per-frame duration written to GIF (at least :data:`GIF_MIN_FRAME_MS`, i.e. at most
+    50 fps) and WebP (at least 10) files, milliseconds."""
+    floor = GIF_MIN_FRAME_MS if suffix.lower() == ".gif" else 10
+    return max(floor, round(1000 / fps))
 
 
 def playback_fps(suffix: str, fps: float) -> float:
     """The rate a video file written at ``fps`` actually plays at, frames per second: GIF
-    stores frame times in 1/100 s (Pillow truncates the milliseconds), WebP in milliseconds;
-    MP4 keeps the rate."""
+    stores frame times in 1/100 s (Pillow truncates the milliseconds) and is written at most
+    at 50 fps (:data:`GIF_MIN_FRAME_MS`), WebP in milliseconds; MP4 keeps the rate."""
     suffix = suffix.lower()
     if suffix == ".gif":
-        return 100.0 / max(1, frame_duration_ms(fps) // 10)
+        return 100.0 / max(1, frame_duration_ms(fps, suffix) // 10)
     if suffix == ".webp":
         return 1000.0 / frame_duration_ms(fps)
     return float(fps)
@@ -164,7 +174,7 @@ def write_result(
 
         def write(tmp: str) -> None:
             images = [Image.fromarray(f, "RGB") for f in frames]
-            duration = frame_duration_ms(fps)
+            duration = frame_duration_ms(fps, suffix)
             if suffix == ".gif":
                 images[0].save(
                     tmp,

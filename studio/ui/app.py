@@ -137,8 +137,29 @@ def _setup_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def missing_display(environ=None, platform: str | None = None) -> str | None:
+    """Why the window cannot open on this machine (None when it can): on Linux, Qt needs an
+    X11 or Wayland display unless ``QT_QPA_PLATFORM`` names another platform (``offscreen``);
+    without one Qt aborts with a message about reinstalling. Checked before Qt starts."""
+    import os
+
+    env = os.environ if environ is None else environ
+    platform = sys.platform if platform is None else platform
+    if not platform.startswith("linux") or env.get("QT_QPA_PLATFORM"):
+        return None
+    if env.get("DISPLAY") or env.get("WAYLAND_DISPLAY"):
+        return None
+    return ("error: no display found (neither DISPLAY nor WAYLAND_DISPLAY is set), so the "
+            "studio window cannot open.\n"
+            "  Without a window: ./scripts/studio.sh --samples renders a sample image and "
+            "video,\n"
+            "  and python -m studio render --help shows the command-line renderer.\n"
+            "  Over SSH, forward X11 (ssh -X); for a window nobody sees (tests, screenshots), "
+            "set QT_QPA_PLATFORM=offscreen.")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Runs the studio window; returns the exit code."""
+    """Runs the studio window; returns the exit code (1 when there is no display)."""
     import qasync
     from PySide6.QtCore import QSettings, QTimer
     from PySide6.QtWidgets import QApplication
@@ -151,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="project folder (default: the last one, else "
                              f"{DEFAULT_PROJECT}); created when it holds no project")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    problem = None if QApplication.instance() else missing_display()
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
     _setup_logging()
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setOrganizationName("Diffusion Studio")

@@ -518,9 +518,14 @@ class ParamsPanel(QWidget):
         problems = self.draft().validate(caps)
         text = self.seed_edit.text().strip()
         if not text.isdigit():  # say what is wrong with the text, not the -1 it became
-            problems = [p for p in problems if p.field != "seed"] + [RequestProblem(
-                "seed", text, "is empty: type a whole number, or press Random" if not text
-                else "is not a whole number (0 to 9223372036854775807)")]
+            if not text:
+                why = "is empty: type a whole number, or press Random"
+            elif text.lstrip("+-").isdigit():
+                why = "must be in [0, 9223372036854775807]"
+            else:
+                why = "is not a whole number (0 to 9223372036854775807)"
+            problems = [p for p in problems if p.field != "seed"] + [
+                RequestProblem("seed", text, why)]
         return problems
 
     def is_valid(self) -> bool:
@@ -546,7 +551,7 @@ class ParamsPanel(QWidget):
                 shown.setdefault(label, []).append(p.rule if label is not self._errors.get(
                     "width") else str(p))
         for label in set(self._errors.values()):
-            lines = shown.get(label, [])
+            lines = list(dict.fromkeys(shown.get(label, [])))  # one label serves several fields
             label.setText("\n".join(lines))
             label.setVisible(bool(lines))
         self.general_error.setText("\n".join(general))

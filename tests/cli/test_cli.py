@@ -311,3 +311,69 @@ def test_a_control_character_in_the_prompt_is_shown_escaped(tmp_path, capsys):
                                  "1", "--seed", "1", "--out", tmp_path / "o.png")
     assert code == 0, err
     assert "does not know \u201c\\x01\u201d" in err and "\u201c\u201d" not in err
+
+
+def test_a_refused_request_changes_nothing_on_disk(tmp_path, capsys):
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--steps", "0",
+                                 "--out", tmp_path / "new" / "deep" / "x.png")
+    assert code == 2 and "steps" in err
+    assert not (tmp_path / "new").exists()
+
+
+def test_sigterm_stops_a_render_like_ctrl_c(tmp_path, home):
+    """``kill`` mid-render: exit 143 with one line, the engine child gone, no file and no
+    temporary file left, no traceback."""
+    import signal
+    import time
+
+    out = tmp_path / "out"
+    env = dict(os.environ, STUDIO_HOME=str(home), HF_HUB_OFFLINE="1",
+               HF_HUB_CACHE=str(home / "hub"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "studio", "render", "--mode", "t2v", "--frames", "17",
+         "--width", "128", "--height", "128", "--steps", "60", "--prompt", "a red circle",
+         "--seed", "1", "--out", str(out / "clip.mp4")],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        time.sleep(8)  # past start-up, inside the job (which takes minutes)
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err[-2000:]
+    assert err.strip().splitlines()[-1] == "terminated" and "Traceback" not in err, err
+    assert not out.exists() or not any(out.iterdir())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the engine child exits with its parent
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.5)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("the engine child outlived the CLI")
+
+
+def test_a_mask_of_another_size_is_refused_and_a_crop_is_said(tmp_path, capsys):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    init = tmp_path / "init.png"
+    Image.fromarray(rng.integers(0, 255, (120, 200, 3), dtype=np.uint8)).save(init)
+    mask = tmp_path / "mask.png"
+    Image.fromarray(np.full((37, 100), 255, np.uint8)).save(mask)
+    code, _, err = studio_inproc(capsys, "render", "--init-image", init, "--mask", mask,
+                                 "--prompt", "a red circle", "--out", tmp_path / "o.png")
+    assert code == 2 and "mask: 100x37 does not match the init image's 200x120" in err, err
+    assert not (tmp_path / "o.png").exists()
+    # an explicit size that crops the init image is said, not done silently
+    code, _, err = studio_inproc(capsys, "render", "--init-image", init, "--width", "64",
+                                 "--steps", "2", "--prompt", "a red circle",
+                                 "--out", tmp_path / "o.png")
+    assert code == 0, err
+    assert ("note: init_image: the 200x120 image is resized to cover 64x64 and centre-cropped"
+            in err), err

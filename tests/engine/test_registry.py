@@ -121,3 +121,22 @@ def test_studio_json_overrides_defaults(tiny_models, tmp_path):
         {"capabilities": {"default_width": 96, "modes": ["t2v", "t2i", "r2v"]}}))
     caps = ModelRegistry(include_hf_cache=False).resolve(str(folder)).capabilities
     assert caps.default_width == 96 and caps.modes == {"t2v", "t2i"}  # cannot add modes
+
+
+def test_a_config_asking_for_weights_the_files_lack_is_named_at_load(tiny_models, tmp_path):
+    """One more layer in config.json than in the weights: diffusers leaves it on the meta
+    device and the first .to() fails deep in torch; we name the part and the missing keys."""
+    import torch
+    from diffusers import DiffusionPipeline
+
+    from studio.engine.pipelines.base import load_pipeline
+
+    folder = copy(tiny_models["wan-t2v"], tmp_path / "mismatch")
+    config_path = folder / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["num_layers"] += 1
+    config_path.write_text(json.dumps(config))
+    entry = ModelRegistry([tmp_path], include_hf_cache=False).resolve(str(folder))
+    with pytest.raises(ModelError, match="transformer in .* does not match its config") as info:
+        load_pipeline(DiffusionPipeline, entry, torch.float32)
+    assert f"blocks.{config['num_layers'] - 1}." in str(info.value)

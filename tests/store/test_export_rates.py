@@ -8,7 +8,7 @@ from studio.store.export import playback_fps, read_frames, write_result
 
 
 @pytest.mark.parametrize("suffix", [".gif", ".webp"])
-@pytest.mark.parametrize("fps", [8.0, 16.0, 24.0, 7.3])
+@pytest.mark.parametrize("fps", [8.0, 16.0, 24.0, 7.3, 60.0, 120.0])
 def test_playback_fps_is_what_the_file_stores(tmp_path, suffix, fps):
     frames = np.random.default_rng(0).integers(0, 255, (3, 16, 16, 3), dtype=np.uint8)
     path = write_result(tmp_path / f"clip{suffix}", frames, fps, '{"mode": "t2v"}', {})
@@ -19,3 +19,14 @@ def test_playback_fps_is_what_the_file_stores(tmp_path, suffix, fps):
     assert playback_fps(suffix, fps) == pytest.approx(1000.0 / stored_ms)
     assert read_frames(path).shape == frames.shape
     assert playback_fps(".mp4", fps) == fps
+
+
+def test_fast_gifs_are_written_at_most_at_50_fps(tmp_path):
+    """GIF frame times of 10 ms or less play as ~100 ms in browsers: never write them."""
+    frames = np.random.default_rng(1).integers(0, 255, (3, 16, 16, 3), dtype=np.uint8)
+    path = write_result(tmp_path / "fast.gif", frames, 120.0, '{"mode": "t2v"}', {})
+    with Image.open(path) as im:
+        im.seek(1)
+        assert im.info["duration"] == 20
+    assert playback_fps(".gif", 120.0) == 50.0
+    assert playback_fps(".webp", 120.0) == 100.0

@@ -192,3 +192,26 @@ def test_sigterm_stops_the_studio_in_order(tmp_path):
     assert "leaked semaphore" not in err and "Traceback" not in err, err[-2000:]
     with Project.open(folder) as project:  # unlocked (the lock is a flock on project.lock)
         assert project.integrity_check() == "ok"
+
+
+def test_without_a_display_the_studio_says_what_to_do_instead(tmp_path):
+    """On Linux with no X11/Wayland display and no QT_QPA_PLATFORM, Qt would abort with advice
+    to reinstall; the studio exits 1 first with what to do instead, and creates nothing."""
+    import os
+
+    from studio.ui.app import missing_display
+
+    assert missing_display({}, "linux") is not None
+    assert missing_display({"DISPLAY": ":0"}, "linux") is None
+    assert missing_display({"WAYLAND_DISPLAY": "wayland-0"}, "linux") is None
+    assert missing_display({"QT_QPA_PLATFORM": "offscreen"}, "linux") is None
+    assert missing_display({}, "darwin") is None
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
+    env.update(HOME=str(tmp_path / "home"), PYTHONPATH=str(REPO))
+    result = subprocess.run([sys.executable, "-m", "studio", str(tmp_path / "project")],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "no display found" in result.stderr and "--samples" in result.stderr
+    assert "Traceback" not in result.stderr and "reinstall" not in result.stderr.lower()
+    assert not (tmp_path / "project").exists()

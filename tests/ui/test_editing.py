@@ -95,6 +95,8 @@ def test_invalid_settings_are_flagged_next_to_the_field(tmp_path, loop, make_win
     assert p.is_valid()
     p.seed_edit.setText("abc")
     assert p.error_text("seed") == "is not a whole number (0 to 9223372036854775807)"
+    p.seed_edit.setText("-5")
+    assert p.error_text("seed") == "must be in [0, 9223372036854775807]"
     p.seed_edit.setText("")
     assert "is empty" in p.error_text("seed") and not p.generate_button.isEnabled()
     p.seed_edit.setText("42")

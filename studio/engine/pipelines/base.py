@@ -70,11 +70,30 @@ def load_pipeline(cls: type, entry: ModelEntry, dtype: torch.dtype):
             entry.denoiser_file, Path(entry.path), entry.denoiser_subfolder,
             entry.denoiser_class, dtype)
     try:
-        return cls.from_pretrained(Path(entry.path), dtype=dtype, local_files_only=True,
+        pipe = cls.from_pretrained(Path(entry.path), dtype=dtype, local_files_only=True,
                                    use_safetensors=True, **parts)
     except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
         raise ModelError(f"model {entry.model_id}: cannot load {entry.path} "
                          f"({type(exc).__name__}: {str(exc)[:300]})") from exc
+    check_no_missing_weights(pipe, entry)
+    return pipe
+
+
+def check_no_missing_weights(pipe, entry: ModelEntry) -> None:
+    """Raises ModelError when a loaded module still has parameters or buffers on the meta
+    device: its config asks for weights its files do not hold (diffusers leaves them
+    unmaterialised, and the first ``.to()`` fails with "Cannot copy out of meta tensor")."""
+    for name, module in getattr(pipe, "components", {}).items():
+        if not isinstance(module, torch.nn.Module):
+            continue
+        missing = [key for key, t in (*module.named_parameters(), *module.named_buffers())
+                   if t.is_meta]
+        if missing:
+            raise ModelError(
+                f"model {entry.model_id}: {name} in {entry.path} does not match its config: "
+                f"{len(missing)} weights the config asks for are not in its files (e.g. "
+                f"{', '.join(missing[:3])}); the config.json or the weights are from another "
+                f"model")
 
 
 def derive_pipeline(cls: type, base, **config):
