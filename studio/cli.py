@@ -179,7 +179,19 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
                        f"r2v); pass --mode to choose one")
     mode = args.mode or base.get("mode") or ("i2i" if args.init_image else
                                              "i2v" if args.first_frame else
-                                             "r2v" if args.reference else "t2i")
+                                             "r2v" if args.reference else None)
+    if mode is None:  # only a prompt: the output's suffix says image or video
+        from studio.store.export import IMAGE_SUFFIXES
+
+        suffix = Path(args.out).suffix.lower()
+        frames = args.frames if args.frames is not None else base.get("num_frames")
+        # .mp4 and .gif are taken as videos, .webp (a common still format) only with --frames
+        video = suffix not in IMAGE_SUFFIXES and (
+            frames is not None and frames > 1 or frames is None and suffix in (".mp4", ".gif"))
+        mode = "t2v" if video else "t2i"
+        if video and frames is None:
+            notes.append(f"mode: text-to-video for the {suffix} output (pass --mode t2i for "
+                         f"a one-frame {suffix})")
     if args.model is not None and not args.model.strip():
         raise BadInput("model='': give a model id or folder (`studio models` lists them), or "
                        "leave --model out for the embedded model")

@@ -91,11 +91,16 @@ async def _run_projects(settings, folder: Path, engine_factory) -> int:
         except (ProjectError, OSError) as exc:
             message = f"Cannot open the project in {next_folder}:\n{exc}"
             logging.getLogger(__name__).error("%s", message)
+            print(f"error: {message}", file=sys.stderr)
             await qasync.asyncWrap(lambda m=message: QMessageBox.critical(
                 None, "Diffusion Studio", m))
             return 1
         settings.last_project = str(next_folder)
         window = MainWindow(project, settings, engine_factory=engine_factory)
+        problems = settings.stored_problems()
+        if problems:  # replaced by defaults: said once, in the status bar and the log
+            logging.getLogger(__name__).warning("settings: %s", "; ".join(problems))
+            window.notify(f"Settings: {'; '.join(problems)}", error=True)
         closed = asyncio.get_running_loop().create_future()
         window.closed.connect(lambda f=closed: f.done() or f.set_result(None))
         window.show()

@@ -123,6 +123,29 @@ class AppSettings:
         self.qsettings.setValue("window/state", state)
         self.qsettings.sync()
 
+    def stored_problems(self) -> list[str]:
+        """Stored values the studio cannot use and has replaced (say them, once, at start):
+        an unknown device, a memory budget that is not a number, model folders that are gone.
+        """
+        problems = []
+        device = str(self._get("engine/device", "auto"))
+        if device not in DEVICES:
+            problems.append(f"device {device!r} is not one of {', '.join(DEVICES)}; using auto")
+        elif device == "cuda" and visible_gpus() == 0:
+            problems.append("device cuda: no NVIDIA GPU is visible; using auto")
+        raw = self._get("engine/memory_budget_gb", 0.0)
+        try:
+            if float(raw) < 0:
+                raise ValueError
+        except (TypeError, ValueError):
+            problems.append(f"memory budget {raw!r} is not a number of GiB >= 0; using "
+                            f"automatic")
+        for folder in self.model_folders:
+            if not Path(folder).expanduser().is_dir():
+                problems.append(f"model folder {folder} does not exist (Settings → Model "
+                                f"folders)")
+        return problems
+
     def worker_config(self) -> WorkerConfig:
         """The engine configuration these settings describe."""
         return WorkerConfig(model_folders=tuple(self.model_folders), device=self.device,

@@ -377,3 +377,16 @@ def test_a_mask_of_another_size_is_refused_and_a_crop_is_said(tmp_path, capsys):
     assert code == 0, err
     assert ("note: init_image: the 200x120 image is resized to cover 64x64 and centre-cropped"
             in err), err
+
+
+def test_a_video_file_without_a_mode_is_a_text_to_video(tmp_path, capsys):
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "a red circle moves left",
+                                 "--steps", "2", "--out", tmp_path / "clip.mp4")
+    assert code == 0, err
+    assert "note: mode: text-to-video for the .mp4 output" in err
+    assert read_frames(tmp_path / "clip.mp4").shape[0] == 9  # the model's default frames
+    assert read_metadata(tmp_path / "clip.mp4")["request"]["mode"] == "t2v"
+    # .webp is a still unless frames are asked for
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "a red circle", "--steps", "2",
+                                 "--out", tmp_path / "still.webp")
+    assert code == 0 and read_frames(tmp_path / "still.webp").shape[0] == 1, err

@@ -36,6 +36,12 @@ def test_python_m_studio_dispatch(monkeypatch):
 
 def test_run_studio_opens_creates_and_closes_a_project(tmp_path, loop, settings, executor):
     folder = tmp_path / "new project"
+    # stored values the studio cannot use: replaced by defaults and said once at start
+    settings.qsettings.setValue("engine/device", "tpu")
+    settings.qsettings.setValue("engine/model_folders", [str(tmp_path / "gone")])
+    assert settings.device == "auto"
+    problems = settings.stored_problems()
+    assert len(problems) == 2 and "'tpu'" in problems[0] and "gone does not exist" in problems[1]
 
     async def session() -> int:
         task = loop.create_task(run_studio(
@@ -44,6 +50,8 @@ def test_run_studio_opens_creates_and_closes_a_project(tmp_path, loop, settings,
                                            if isinstance(w, MainWindow) and w.isVisible()),
                                           None), 30, "the window")
         assert window.project.folder == folder
+        assert "Settings: device 'tpu'" in window.statusBar().currentMessage()
+        window.settings.device = "auto"
         window.settings.model_folders = [str(tmp_path / "models")]
         window.close()
         return await task
