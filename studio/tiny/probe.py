@@ -20,10 +20,11 @@ reference       reference-to-video: the appended reference frame taken from anot
 
 The figure per signal is the *relative loss increase* ``(L_corrupted - L) / L`` on the same
 latents, noise and noise levels: 0 means the denoiser ignores the signal (the prediction does
-not change when the signal lies), a few percent means it uses it. For scale, on the shipped
-weights of step 14672 (48 scenes per signal): caption 0.18, colour 0.030, row 0.011, column
-0.002, motion 0.001, first_frame 4.3, reference 0.000 — the denoiser uses colour and rows,
-barely columns, and neither motion words nor the reference frame (2026-12-01, session 9).
+not change when the signal lies), tens of percent means it relies on it. On the shipped
+weights of step 14672 (48 scenes per signal, seed 0; ``bench/results/2026-12-01-probe.json``):
+caption +1.11, colour +0.57, shape +0.14, row +0.69, column +0.004, motion -0.001,
+first_frame +2.84, reference -0.0001: the denoiser follows colour, shape and rows and copies
+the first frame, and ignores columns, motion words and the reference frame.
 
     python -m studio.tiny.probe [--model assets/models/tiny-wan] [--scenes 48]
 
