@@ -41,3 +41,17 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
         "wan-a14b": build_tiny_wan(root / "wan-a14b", variant="a14b"),
         "flux": build_tiny_flux(root / "flux"),
     }
+
+
+def sigterm_and_wait(proc, *, timeout: float = 120) -> str:
+    """Sends SIGTERM to a running ``subprocess.Popen`` (text mode, stderr piped), waits for
+    it to exit and returns its stderr; kills it if it outlives ``timeout`` seconds."""
+    import signal
+
+    try:
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        proc.send_signal(signal.SIGTERM)
+        return proc.communicate(timeout=timeout)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()

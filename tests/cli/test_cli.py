@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from studio.store.export import read_frames, read_metadata
-from tests.conftest import CASES
+from tests.conftest import CASES, sigterm_and_wait
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -335,14 +335,8 @@ def test_sigterm_stops_a_render_like_ctrl_c(tmp_path, home):
          "--seed", "1", "--out", str(out / "clip.mp4")],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
-    try:
-        time.sleep(8)  # past start-up, inside the job (which takes minutes)
-        assert proc.poll() is None, proc.communicate()[1][-2000:]
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    time.sleep(8)  # past start-up, inside the job (which takes minutes)
+    err = sigterm_and_wait(proc)
     assert proc.returncode == 143, err[-2000:]
     assert err.strip().splitlines()[-1] == "terminated" and "Traceback" not in err, err
     assert not out.exists() or not any(out.iterdir())

@@ -15,6 +15,7 @@ from studio.engine.worker import ThreadWorker
 from studio.store.project import Project
 from studio.ui.app import run_studio
 from studio.ui.main_window import MainWindow
+from tests.conftest import sigterm_and_wait
 from tests.ui.conftest import run, until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -185,17 +186,13 @@ def test_sigterm_stops_the_studio_in_order(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "studio", str(folder)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    try:
-        deadline = time.monotonic() + 120
-        while not (folder / LOCK_NAME).exists() and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.communicate()[1][-2000:]
-            time.sleep(0.2)
-        time.sleep(3)  # the window up and the engine child starting
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    deadline = time.monotonic() + 120
+    while not (folder / LOCK_NAME).exists() and time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(proc.communicate()[1][-2000:])
+        time.sleep(0.2)
+    time.sleep(3)  # the window up and the engine child starting
+    err = sigterm_and_wait(proc)
     assert proc.returncode == 143, err[-2000:]
     assert "leaked semaphore" not in err and "Traceback" not in err, err[-2000:]
     with Project.open(folder) as project:  # unlocked (the lock is a flock on project.lock)
