@@ -9,7 +9,9 @@
 
 ``snapshot`` and ``restore`` carry a run between machines through the repository alone
 (a session's machine keeps only what is committed). ``snapshot`` writes the denoiser's EMA
-weights in fp16 (7 MB), its ``state.json`` and its logs into ``training/tiny/dit``.
+weights in fp16 (7 MB), its ``state.json`` and its logs into ``training/tiny/dit`` (and the
+decoder's, 2 MB, into ``training/tiny/decoder-w16``, which ``restore`` then prefers to the
+shipped VAE's decoder).
 ``restore`` rebuilds ``<out>`` from the committed VAE checkpoint (``training/tiny/vae``), the
 shipped model (``--dest``: its VAE decoder) and the newer of the denoiser snapshot and the
 shipped denoiser: live and EMA copies both start from those EMA weights (widened to fp32;
@@ -140,16 +142,23 @@ class VaeDecoderTask(VaeTask):
 
     Objective: L1 + L2 as :class:`VaeTask`, each pixel weighted ``1 + edge_weight`` where the
     target's 3x3 neighbourhood spans more than 0.1 (object outlines and texture; flat
-    background counts once), latents sampled from the encoder's posterior. Only the decoder
-    and ``post_quant_conv`` learn. ``decoder_base_dim`` None keeps the source's decoder and
-    starts from its weights; a width starts a wider decoder from scratch.
+    background counts once), plus ``motion_weight`` in clip frames where the target changed
+    by more than 0.1 from the frame before or to the frame after (a moving object's leading
+    and trailing edges: the motion the 4x temporal compression keeps in the latents, which
+    the decoder was giving back as a still object), latents sampled from the encoder's
+    posterior. Only the decoder and ``post_quant_conv`` learn. ``decoder_base_dim`` None
+    keeps the source's decoder and starts from its weights; a width starts a wider decoder
+    from scratch.
     """
 
     def __init__(self, device: torch.device, encoder_vae, image_batch: int = 24,
                  clip_batch: int = 4, decoder_base_dim: int | None = None,
-                 edge_weight: float = 4.0):
+                 edge_weight: float = 4.0, motion_weight: float = 0.0):
         super().__init__(device, image_batch=image_batch, clip_batch=clip_batch)
-        self.edge_weight = edge_weight
+        if motion_weight < 0 or edge_weight < 0:
+            raise ValueError(f"edge_weight={edge_weight}, motion_weight={motion_weight}: "
+                             f"must be >= 0")
+        self.edge_weight, self.motion_weight = edge_weight, motion_weight
         self.vae = build_vae(decoder_base_dim).to(device)
         source = encoder_vae.state_dict()
         if decoder_base_dim is None:
@@ -170,7 +179,14 @@ class VaeDecoderTask(VaeTask):
         spread = (torch.nn.functional.max_pool2d(frames, 3, 1, 1)
                   + torch.nn.functional.max_pool2d(-frames, 3, 1, 1)).amax(1, keepdim=True)
         edge = (spread > 0.1).float().view(b, f, 1, h, w).transpose(1, 2)
-        return 1 + self.edge_weight * edge
+        weight = 1 + self.edge_weight * edge
+        if f > 1 and self.motion_weight:
+            step = ((x[:, :, 1:] - x[:, :, :-1]).abs().amax(1, keepdim=True) > 0.1).float()
+            moved = torch.zeros_like(weight)
+            moved[:, :, 1:] = step  # changed since the frame before
+            moved[:, :, :-1] = torch.maximum(moved[:, :, :-1], step)  # ... or to the next
+            weight = weight + self.motion_weight * moved
+        return weight
 
     def loss(self, x, gen):
         with torch.no_grad():
@@ -199,6 +215,14 @@ class VaeDecoderTask(VaeTask):
         rec = ((rec.clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).cpu().numpy()
         acc = evaluate.evaluate(list(rec), [spec for _, spec in prompts]).accuracy
         out.update(recon_shape=round(acc["shape"], 3), recon_colour=round(acc["colour"], 3))
+        prompts = world.eval_prompts(32, "t2v", 0)
+        clips = np.stack([world.render_clip(spec, CLIP_FRAMES, SIZE, SIZE, rng)
+                          for _, spec in prompts])
+        x = to_tensor(clips, self.device)
+        rec = self.vae.decode(self.vae.encode(x).latent_dist.mode()).sample
+        rec = ((rec.clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 4, 1)
+        acc = evaluate.evaluate(list(rec.cpu().numpy()), [spec for _, spec in prompts]).accuracy
+        out.update(recon_motion=round(acc["motion"], 3))
         self.vae.train()
         return out
 
@@ -516,13 +540,16 @@ def load_trained_vae(run: Path, device: torch.device, *, decoder: bool = True):
 
 SNAPSHOT_PARTS = (("transformer", "diffusion_pytorch_model.safetensors"),
                   ("text_encoder", "model.safetensors"))
+DECODER_KEYS = ("decoder.", "post_quant_conv.")
 
 
 def snapshot_run(out: Path, committed: Path = Path("training/tiny")) -> dict:
     """Writes the denoiser run's EMA weights (fp16 safetensors, ``ema_transformer`` and
-    ``ema_text_encoder``), ``state.json`` and logs from ``out/dit`` into ``committed/dit``
-    (each file written to a temporary name, then renamed), for :func:`restore_run` on the next
-    machine.
+    ``ema_text_encoder``), ``state.json`` and logs from ``out/dit`` into ``committed/dit``,
+    and, when ``out/decoder`` has a checkpoint, the decoder's weights (``decoder.*`` and
+    ``post_quant_conv.*``, fp16, ``decoder.safetensors``), state and logs into
+    ``committed/decoder-w16`` (each file written to a temporary name, then renamed), for
+    :func:`restore_run` on the next machine.
 
     Returns:
         The snapshot's state (``step``, ``elapsed_s``, ``seed``).
@@ -553,9 +580,23 @@ def snapshot_run(out: Path, committed: Path = Path("training/tiny")) -> dict:
         tmp = dest / f".ema_{part}.safetensors.tmp"
         save_file(weights, str(tmp))
         _replace(tmp, dest / f"ema_{part}.safetensors")
-    for src, final in ((ckpt / "state.json", dest / "state.json"),
-                       *((out / "dit" / log, committed / "dit" / log)
-                         for log in ("train_log.jsonl", "eval_log.jsonl"))):
+    copies = [(ckpt / "state.json", dest / "state.json"),
+              *((out / "dit" / log, committed / "dit" / log)
+                for log in ("train_log.jsonl", "eval_log.jsonl"))]
+    decoder = out / "decoder" / "checkpoint"
+    if (decoder / "vae.safetensors").exists():  # the decoder export and sampling use
+        ddest = committed / "decoder-w16" / "checkpoint"
+        ddest.mkdir(parents=True, exist_ok=True)
+        weights = {k: v.to(torch.float16).contiguous()
+                   for k, v in load_file(str(decoder / "vae.safetensors")).items()
+                   if k.startswith(DECODER_KEYS)}
+        tmp = ddest / ".decoder.safetensors.tmp"
+        save_file(weights, str(tmp))
+        _replace(tmp, ddest / "decoder.safetensors")
+        copies += [(decoder / "state.json", ddest / "state.json"),
+                   *((out / "decoder" / log, committed / "decoder-w16" / log)
+                     for log in ("train_log.jsonl", "eval_log.jsonl"))]
+    for src, final in copies:
         if src.exists():
             tmp = final.with_name(f".{final.name}.tmp")
             shutil.copyfile(src, tmp)
@@ -568,7 +609,8 @@ def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) 
     checkpoint and logs (``committed/vae``), the committed decoder logs and ``state.json``
     (``committed/decoder-w16``), the denoiser's snapshot and logs (``committed/dit``, see
     :func:`snapshot_run`) and an exported model folder ``dest`` (see
-    :func:`studio.tiny.sampling.export_pipeline`; its VAE decoder is the run's decoder).
+    :func:`studio.tiny.sampling.export_pipeline`). The run's decoder is the committed decoder
+    snapshot when there is one, else ``dest``'s VAE decoder.
 
     The denoiser starts from the newer (by training step) of the snapshot's EMA weights and
     the exported (EMA) weights: live and EMA copies alike, cast to fp32; the optimizer state
@@ -619,19 +661,20 @@ def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) 
         done["decoder"] = "kept"
     else:
         _copy_logs(committed / "decoder-w16", dec)
-        decoder_keys = ("decoder.", "post_quant_conv.")
+        snapshot = committed / "decoder-w16" / "checkpoint" / "decoder.safetensors"
+        source = snapshot if snapshot.exists() else \
+            dest / "vae" / "diffusion_pytorch_model.safetensors"
         encoder = load_file(str(vae_dir / "checkpoint" / "vae.safetensors"))
-        shipped = load_file(str(dest / "vae" / "diffusion_pytorch_model.safetensors"))
-        merged = {k: v.contiguous() for k, v in encoder.items() if not k.startswith(decoder_keys)}
-        merged.update({k: v.float().contiguous() for k, v in shipped.items()
-                       if k.startswith(decoder_keys)})
+        merged = {k: v.contiguous() for k, v in encoder.items() if not k.startswith(DECODER_KEYS)}
+        merged.update({k: v.float().contiguous() for k, v in load_file(str(source)).items()
+                       if k.startswith(DECODER_KEYS)})
         (dec / "checkpoint").mkdir(parents=True, exist_ok=True)
         save_file(merged, str(dec / "checkpoint" / "vae.safetensors"))
         state = committed / "decoder-w16" / "checkpoint" / "state.json"
         (dec / "checkpoint").joinpath("state.json").write_text(
             state.read_text() if state.exists() else json.dumps({"step": 0, "elapsed_s": 0.0,
                                                                  "seed": 0}))
-        done["decoder"] = f"restored from {dest / 'vae'}"
+        done["decoder"] = f"restored from {source.parent if source == snapshot else dest / 'vae'}"
     dit = out / "dit"  # the denoiser and text encoder: live = EMA
     if (dit / "checkpoint" / "state.json").exists():
         done["dit"] = "kept"
@@ -686,12 +729,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decoder-dir", default="decoder",
                         help="decoder: the run sub-folder to train in (export and sampling "
                              "use <out>/decoder; train a candidate elsewhere, then rename it)")
+    parser.add_argument("--motion-weight", type=float, default=0.0,
+                        help="decoder: extra loss weight on pixels that change between clip "
+                             "frames (default 0)")
     parser.add_argument("--no-pool", action="store_true",
                         help="dit: encode every batch afresh instead of the latent pool")
     args = parser.parse_args(argv)
     if not args.decoder_dir or "/" in args.decoder_dir or "\\" in args.decoder_dir or \
             args.decoder_dir in (".", ".."):
         parser.error(f"--decoder-dir must be a plain folder name, got {args.decoder_dir!r}")
+    if args.motion_weight < 0:
+        parser.error(f"--motion-weight must be at least 0, got {args.motion_weight}")
     if args.decoder_base_dim is not None and args.decoder_base_dim < 8:
         parser.error(f"--decoder-base-dim must be at least 8, got {args.decoder_base_dim}")
     out = Path(args.out)
@@ -728,7 +776,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.stage == "decoder":
         task = VaeDecoderTask(device, load_trained_vae(out, device, decoder=False),
-                              decoder_base_dim=args.decoder_base_dim)
+                              decoder_base_dim=args.decoder_base_dim,
+                              motion_weight=args.motion_weight)
         config = TrainConfig(lr=3e-4, warmup_steps=50, total_steps=args.total_steps or 3000,
                              seed=args.seed, checkpoint_every_s=args.checkpoint_every,
                              log_every=10, weight_decay=0.0)

@@ -233,9 +233,20 @@ def test_snapshot_and_restore_carry_a_run_through_the_repository(tmp_path, capsy
     ema = dict(task.ema_transformer.state_dict())
     assert all(v.dtype == torch.float16 and torch.equal(v, ema[k].half()) for k, v in snap.items())
     assert any(not torch.equal(v.float(), shipped_t[k].float()) for k, v in snap.items())
+    # the decoder goes along: its snapshot (fp16) is what the next restore decodes with
+    dsnap = load_file(committed / "decoder-w16" / "checkpoint" / "decoder.safetensors")
+    assert set(dsnap) == {k for k in shipped_vae if k.startswith(("decoder.", "post_quant"))}
+    dsnap["decoder.conv_out.bias"] = dsnap["decoder.conv_out.bias"] + 1  # a later decoder
+    from safetensors.torch import save_file
+
+    save_file(dsnap, str(committed / "decoder-w16" / "checkpoint" / "decoder.safetensors"))
     run2 = tmp_path / "run2"
-    assert restore_run(run2, shipped, committed)["dit"] == (
+    done2 = restore_run(run2, shipped, committed)
+    assert done2["dit"] == (
         f"restored from {committed / 'dit' / 'checkpoint'} at step {step + 2}")
+    assert done2["decoder"] == f"restored from {committed / 'decoder-w16' / 'checkpoint'}"
+    vae2 = load_file(run2 / "decoder" / "checkpoint" / "vae.safetensors")
+    assert torch.equal(vae2["decoder.conv_out.bias"], dsnap["decoder.conv_out.bias"].float())
     live = load_file(run2 / "dit" / "checkpoint" / "transformer.safetensors")
     assert all(torch.equal(live[k], v.float()) for k, v in snap.items())
 
@@ -248,3 +259,21 @@ def test_snapshot_and_restore_carry_a_run_through_the_repository(tmp_path, capsy
                  str(tmp_path / "nowhere")]) == 2
     assert "not an exported model folder" in capsys.readouterr().err
     assert not (tmp_path / "run3").exists() and not (tmp_path / "run4").exists()
+
+
+def test_decoder_motion_weight_marks_what_moved_between_frames():
+    from studio.tiny.train import VaeDecoderTask
+
+    task = VaeDecoderTask(torch.device("cpu"), build_vae(), image_batch=1, clip_batch=1,
+                          edge_weight=0.0, motion_weight=3.0)
+    x = -torch.ones(1, 3, 3, 8, 8)
+    x[:, :, 1, 2, 2] = 1.0  # one pixel lit in the middle frame only
+    w = task.pixel_weights(x)
+    assert w.shape == (1, 1, 3, 8, 8)
+    assert w[0, 0, :, 2, 2].tolist() == [4.0, 4.0, 4.0]  # changed before and after
+    assert float(w.sum()) == 3 * 64 + 3 * 3.0  # nowhere else
+    assert torch.equal(VaeDecoderTask(torch.device("cpu"), build_vae(), image_batch=1,
+                                      clip_batch=1, edge_weight=0.0).pixel_weights(x),
+                       torch.ones_like(w))  # off by default
+    with pytest.raises(ValueError, match="motion_weight"):
+        VaeDecoderTask(torch.device("cpu"), build_vae(), motion_weight=-1)
