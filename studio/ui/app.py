@@ -78,7 +78,6 @@ def _sigterm_cancels(task, loop):
 
 
 async def _run_projects(settings, folder: Path, engine_factory) -> int:
-    import qasync
     from PySide6.QtWidgets import QMessageBox
 
     from studio.store.project import ProjectError
@@ -92,8 +91,18 @@ async def _run_projects(settings, folder: Path, engine_factory) -> int:
             message = f"Cannot open the project in {next_folder}:\n{exc}"
             logging.getLogger(__name__).error("%s", message)
             print(f"error: {message}", file=sys.stderr)
-            await qasync.asyncWrap(lambda m=message: QMessageBox.critical(
-                None, "Diffusion Studio", m))
+            # window-modal but not a nested event loop: a SIGTERM or Ctrl+C meanwhile
+            # cancels this await and closes the box (a blocking exec() under qasync left a
+            # future set after cancellation: InvalidStateError)
+            box = QMessageBox(QMessageBox.Icon.Critical, "Diffusion Studio", message)
+            shown = asyncio.get_running_loop().create_future()
+            box.finished.connect(lambda *_, f=shown: f.done() or f.set_result(None))
+            box.open()
+            try:
+                await shown
+            finally:
+                box.close()
+                box.deleteLater()
             return 1
         settings.last_project = str(next_folder)
         window = MainWindow(project, settings, engine_factory=engine_factory)

@@ -220,3 +220,40 @@ def test_without_a_display_the_studio_says_what_to_do_instead(tmp_path):
     assert "no display found" in result.stderr and "--samples" in result.stderr
     assert "Traceback" not in result.stderr and "reinstall" not in result.stderr.lower()
     assert not (tmp_path / "project").exists()
+
+
+def test_a_project_that_cannot_open_is_said_in_a_box_that_a_stop_closes(tmp_path, loop,
+                                                                       settings, capsys):
+    """The box does not block the loop: closing it returns 1; cancelling the session (what
+    SIGTERM does) while it is up closes it and raises nothing but CancelledError."""
+    import asyncio
+
+    from PySide6.QtWidgets import QMessageBox
+
+    afile = tmp_path / "notes.txt"
+    afile.write_text("x")
+
+    def box():
+        return next((w for w in QApplication.topLevelWidgets()
+                     if isinstance(w, QMessageBox) and w.isVisible()), None)
+
+    async def answered() -> int:
+        task = loop.create_task(run_studio(settings, afile))
+        (await until(box, 30, "the box")).accept()
+        return await task
+
+    assert run(loop, answered()) == 1
+    assert "Cannot open the project" in capsys.readouterr().err
+
+    async def stopped():
+        task = loop.create_task(run_studio(settings, afile))
+        await until(box, 30, "the box")
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        await asyncio.sleep(0.1)
+        return box()
+
+    assert run(loop, stopped()) is None  # closed with the session
