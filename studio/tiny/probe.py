@@ -28,9 +28,8 @@ the first frame, and ignores columns, motion words and the reference frame.
 
     python -m studio.tiny.probe [--model assets/models/tiny-wan] [--scenes 48]
 
-The loss is the trainer's (:class:`studio.tiny.train.DenoiserTask`): ``x_t = (1 - s) x_0 + s
-e``, target ``e - x_0``, per-token timesteps ``1000 s`` (0 on clean frames), here at fixed
-noise levels ``s`` in {0.3, 0.6, 0.9} with a fixed noise draw.
+The loss is the trainer's (:func:`studio.tiny.train.flow_matching_loss`), here at fixed noise
+levels ``s`` in {0.3, 0.6, 0.9} with a fixed noise draw.
 """
 
 from __future__ import annotations
@@ -111,28 +110,17 @@ class DenoiserProbe:
             reference: clean latents (B, C, 1, h, w) appended as a last frame at timestep 0
                 (reference-to-video), left out of the loss.
         """
-        transformer = self.pipe.transformer
-        b, _, f, h, w = x0.shape
-        ph, pw = transformer.config.patch_size[1:]
+        from studio.tiny.train import flow_matching_loss
+
+        b = x0.shape[0]
         text = self.encode_text(captions)
         noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed))
+        first = torch.full((b,), first_frame)
         total = 0.0
         for s in NOISE_LEVELS:
-            xt = (1 - s) * x0 + s * noise
-            t_frame = torch.full((b, f), 1000.0 * s)
-            weight = torch.ones(1, 1, f, 1, 1)
-            if first_frame:
-                xt[:, :, 0] = x0[:, :, 0]
-                t_frame[:, 0] = 0.0
-                weight[:, :, 0] = 0.0
-            if reference is not None:
-                xt = torch.cat([xt, reference], dim=2)
-                t_frame = torch.cat([t_frame, torch.zeros(b, 1)], dim=1)
-            timestep = t_frame.repeat_interleave((h // ph) * (w // pw), dim=1)
-            pred = transformer(hidden_states=xt, timestep=timestep, encoder_hidden_states=text,
-                               return_dict=False)[0][:, :, :f]
-            err = (pred - (noise - x0)).pow(2) * weight
-            total += float(err.sum() / (weight.sum() * b * pred.shape[1] * h * w))
+            total += float(flow_matching_loss(self.pipe.transformer, x0, text, noise,
+                                              torch.full((b,), s), first_frame=first,
+                                              reference=reference))
         return total / len(NOISE_LEVELS)
 
 

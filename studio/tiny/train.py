@@ -288,6 +288,48 @@ def reference_image(spec, rng: np.random.Generator) -> np.ndarray:
     return world.render_image(ref, SIZE, SIZE, rng)
 
 
+def flow_matching_loss(transformer, x0: torch.Tensor, text: torch.Tensor,
+                       noise: torch.Tensor, s: torch.Tensor, *,
+                       first_frame: torch.Tensor | None = None,
+                       reference: torch.Tensor | None = None) -> torch.Tensor:
+    """The denoiser's training loss on one batch (rectified flow, as the Wan pipelines
+    sample it): ``x_t = (1 - s) x_0 + s e``, target ``e - x_0``, per-token timesteps
+    ``1000 s``.
+
+    Args:
+        transformer: a Wan-style denoiser taking per-token timesteps (B, tokens).
+        x0: clean normalised latents (B, C, f, h, w), float32.
+        text: text embeddings (B, L, D).
+        noise: e, the shape of ``x0``.
+        s: noise level per item (B,) in [0, 1].
+        first_frame: bool (B,): latent frame 0 given clean at timestep 0 (image-to-video)
+            and left out of the loss.
+        reference: clean latents (B, C, 1, h, w) appended as a last frame at timestep 0
+            (reference-to-video), left out of the loss.
+    Returns:
+        The mean squared error over the frames in the loss (a 0-dim tensor).
+    """
+    b, _, f, h, w = x0.shape
+    _, ph, pw = transformer.config.patch_size
+    sv = s.view(b, 1, 1, 1, 1)
+    xt = (1 - sv) * x0 + sv * noise
+    target = noise - x0
+    t_frame = (s * 1000).view(b, 1).expand(b, f).clone()  # per latent frame
+    weight = torch.ones(b, 1, f, 1, 1, device=x0.device)
+    if first_frame is not None and first_frame.any():
+        xt[first_frame, :, 0] = x0[first_frame, :, 0]
+        t_frame[first_frame, 0] = 0
+        weight[first_frame, :, 0] = 0
+    if reference is not None:
+        xt = torch.cat([xt, reference], dim=2)
+        t_frame = torch.cat([t_frame, torch.zeros(b, 1, device=x0.device)], dim=1)
+    timestep = t_frame.repeat_interleave((h // ph) * (w // pw), dim=1)
+    pred = transformer(hidden_states=xt, timestep=timestep, encoder_hidden_states=text,
+                       return_dict=False)[0][:, :, :f]
+    err = (pred - target).pow(2) * weight
+    return err.sum() / (weight.sum() * pred.shape[1] * h * w)
+
+
 class DenoiserTask(TrainTask):
     """Flow matching (rectified flow) of the Wan denoiser and the text encoder on VAE latents.
 
@@ -375,32 +417,15 @@ class DenoiserTask(TrainTask):
         captions, pixels, refs, first_frame = batch
         # pixels (uint8) are encoded here; the latent pool hands latents over directly
         x0 = pixels if torch.is_tensor(pixels) else self.encode_pixels(pixels)  # (B,C,f,h,w)
-        b, _, f, h, w = x0.shape
+        b = x0.shape[0]
         s = torch.sigmoid(torch.randn(b, generator=gen)).to(self.device)
         noise = torch.randn(x0.shape, generator=gen).to(self.device)
-        sv = s.view(b, 1, 1, 1, 1)
-        xt = (1 - sv) * x0 + sv * noise
-        target = noise - x0
-        # per latent frame: timestep (B, f) and loss weight
-        t_frame = (s * 1000).view(b, 1).expand(b, f).clone()
-        weight = torch.ones(b, 1, f, 1, 1, device=self.device)
-        ff = torch.from_numpy(first_frame).to(self.device)
-        if ff.any():
-            xt[ff, :, 0] = x0[ff, :, 0]
-            t_frame[ff, 0] = 0
-            weight[ff, :, 0] = 0
+        ref = None
         if refs is not None:
             ref = refs if torch.is_tensor(refs) else self.encode_pixels(refs)  # (B,C,1,h,w)
-            xt = torch.cat([xt, ref], dim=2)
-            t_frame = torch.cat([t_frame, torch.zeros(b, 1, device=self.device)], dim=1)
-        tokens_per_frame = (h // 2) * (w // 2)
-        timestep = t_frame.repeat_interleave(tokens_per_frame, dim=1)
-        text = self.encode_text(captions)
-        pred = self.transformer(hidden_states=xt, timestep=timestep,
-                                encoder_hidden_states=text, return_dict=False)[0]
-        pred = pred[:, :, :f]
-        err = (pred - target).pow(2) * weight
-        loss = err.sum() / (weight.sum() * pred.shape[1] * h * w)
+        first = torch.from_numpy(np.asarray(first_frame, dtype=bool)).to(self.device)
+        loss = flow_matching_loss(self.transformer, x0, self.encode_text(captions), noise, s,
+                                  first_frame=first, reference=ref)
         return loss, {}
 
     @torch.no_grad()
@@ -813,5 +838,5 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["build_vae", "VaeTask", "VaeDecoderTask", "load_checkpoint", "restore_run",
-           "snapshot_run"]
+__all__ = ["build_vae", "VaeTask", "VaeDecoderTask", "flow_matching_loss", "load_checkpoint",
+           "restore_run", "snapshot_run"]
