@@ -232,6 +232,7 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
         return base.get(key, default)
 
     width, height = args.width, args.height
+    size_from_input = False  # the output size was derived from the input image (and said)
     if width is None and height is None and "width" not in base:
         source = fields.get("init_image") or fields.get("first_frame")
         if source is not None:
@@ -239,6 +240,7 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
             width, height = fit_size((w0, h0), caps.spatial_multiple, caps.max_pixels,
                                      caps.min_size, caps.max_size)
             if (width, height) != (w0, h0):
+                size_from_input = True
                 notes.append(f"size: using {width}x{height} for the {w0}x{h0} input image "
                              f"(nearest multiple of {caps.spatial_multiple} within the model's "
                              f"limits; resized to cover and centre-cropped)")
@@ -248,7 +250,6 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
         if (mw, mh) != (iw, ih):  # resized apart, the mask would cover the wrong area
             raise BadInput(f"mask: {mw}x{mh} does not match the init image's {iw}x{ih}; "
                            f"the mask must be the init image's size (white = repaint)")
-    sized_note = any(n.startswith("size:") for n in notes)
     out_w = width if width is not None else base.get("width", caps.default_width)
     out_h = height if height is not None else base.get("height", caps.default_height)
     for name, ref in list(fields.items()):
@@ -259,7 +260,7 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
             if (w0, h0) != (out_w, out_h) and isinstance(out_w, int) and isinstance(out_h, int):
                 r = replace(r, conversion=f"{r.conversion}; {w0}x{h0} resized to cover "
                                           f"{out_w}x{out_h} and centre-cropped")
-                if not sized_note and name != "mask":
+                if not size_from_input and name != "mask":
                     cropped = "" if w0 * out_h == h0 * out_w else " and centre-cropped"
                     notes.append(f"{name}: the {w0}x{h0} image is resized to cover "
                                  f"{out_w}x{out_h}{cropped} (the output size)")
