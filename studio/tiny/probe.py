@@ -80,6 +80,15 @@ class DenoiserProbe:
         vae = self.pipe.vae
         self.mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
         self.std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+        self.reference_encoder = None  # reference-to-video's tokens, when the model has them
+        meta = model / "studio.json"
+        sub = json.loads(meta.read_text()).get("reference_tokens") if meta.exists() else None
+        if sub:
+            from transformers import CLIPVisionModel
+
+            self.reference_encoder = CLIPVisionModel.from_pretrained(
+                model / sub, local_files_only=True, use_safetensors=True,
+                dtype=torch.float32).eval()
 
     @torch.no_grad()
     def encode_pixels(self, pixels: np.ndarray) -> torch.Tensor:
@@ -108,12 +117,17 @@ class DenoiserProbe:
             first_frame: latent frame 0 given clean at timestep 0 (image-to-video) and left
                 out of the loss.
             reference: clean latents (B, C, 1, h, w) appended as a last frame at timestep 0
-                (reference-to-video), left out of the loss.
+                (reference-to-video), left out of the loss; and, when the model has a
+                reference encoder, its tokens appended to the text embeddings.
         """
         from studio.tiny.train import flow_matching_loss
 
         b = x0.shape[0]
         text = self.encode_text(captions)
+        if reference is not None and self.reference_encoder is not None:
+            from studio.engine.pipelines.wan import reference_tokens
+
+            text = torch.cat([text, reference_tokens(self.reference_encoder, reference)], 1)
         noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed))
         first = torch.full((b,), first_frame)
         total = 0.0

@@ -57,7 +57,9 @@ def adherence_report(pipe, *, n: int = 32, steps: int = 20, seed: int = 0,
 
 def export_pipeline(task, dest: Path, step: int | None = None,
                     total_steps: int | None = None) -> Path:
-    """Saves the EMA weights as a diffusers folder (fp16 safetensors) plus ``studio.json``
+    """Saves the EMA weights as a diffusers folder (fp16 safetensors; the reference encoder,
+    when the task has one, in ``reference_encoder/``, named by ``reference_tokens``) plus
+    ``studio.json``
     (whose description names the training step, when given), replacing ``dest`` whole.
     The step cache calibration in ``studio.json`` belongs to the old weights and is dropped:
     run ``python -m bench calibrate --write`` after exporting."""
@@ -67,6 +69,12 @@ def export_pipeline(task, dest: Path, step: int | None = None,
     for module in (pipe.text_encoder, pipe.transformer, pipe.vae):
         module.to(torch.float16)
     pipe.save_pretrained(tmp, safe_serialization=True)
+    ref_encoder = getattr(task, "ema_reference_encoder", None)
+    if ref_encoder is not None:  # reference-to-video's tokens (see DenoiserTask)
+        import copy
+
+        copy.deepcopy(ref_encoder).to(torch.float16).save_pretrained(
+            tmp / "reference_encoder", safe_serialization=True)
     from studio.tiny.train import CLIP_FRAMES, SIZE, TEXT_LEN
 
     trained = "" if step is None else (
@@ -83,6 +91,7 @@ def export_pipeline(task, dest: Path, step: int | None = None,
                          "max_pixels": 128 * 128, "max_frames": 17, "max_references": 1},
         "call_kwargs": {"max_sequence_length": TEXT_LEN},
         "reference_frames": "append",
+        **({"reference_tokens": "reference_encoder"} if ref_encoder is not None else {}),
     }, indent=2) + "\n")
     if dest.exists():
         shutil.rmtree(dest)

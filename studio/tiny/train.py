@@ -149,16 +149,33 @@ class VaeDecoderTask(VaeTask):
     posterior. Only the decoder and ``post_quant_conv`` learn. ``decoder_base_dim`` None
     keeps the source's decoder and starts from its weights; a width starts a wider decoder
     from scratch.
+
+    ``adversarial_weight`` > 0 adds a patch discriminator on every frame (hinge losses, the
+    adversarial term scaled by VQGAN's adaptive weight at ``decoder.conv_out``; see
+    :mod:`studio.train.adversarial`): pixel losses alone return the average of what a latent
+    may mean, and a small star's points average away. For its first ``adversarial_warmup``
+    steps of a sitting only the discriminator learns (on resume it repeats with the trained
+    discriminator: harmless). The discriminator is the task's module ``discriminator``.
     """
 
     def __init__(self, device: torch.device, encoder_vae, image_batch: int = 24,
                  clip_batch: int = 4, decoder_base_dim: int | None = None,
-                 edge_weight: float = 4.0, motion_weight: float = 0.0):
+                 edge_weight: float = 4.0, motion_weight: float = 0.0,
+                 adversarial_weight: float = 0.0, adversarial_warmup: int = 200):
         super().__init__(device, image_batch=image_batch, clip_batch=clip_batch)
-        if motion_weight < 0 or edge_weight < 0:
-            raise ValueError(f"edge_weight={edge_weight}, motion_weight={motion_weight}: "
-                             f"must be >= 0")
+        if motion_weight < 0 or edge_weight < 0 or adversarial_weight < 0 or \
+                adversarial_warmup < 0:
+            raise ValueError(f"edge_weight={edge_weight}, motion_weight={motion_weight}, "
+                             f"adversarial_weight={adversarial_weight}, adversarial_warmup="
+                             f"{adversarial_warmup}: must be >= 0")
         self.edge_weight, self.motion_weight = edge_weight, motion_weight
+        self.adversarial_weight, self.adversarial_warmup = adversarial_weight, adversarial_warmup
+        self.critic = None
+        self._steps_this_sitting = 0
+        if adversarial_weight > 0:
+            from studio.train.adversarial import AdversarialCritic, PatchDiscriminator
+
+            self.critic = AdversarialCritic(PatchDiscriminator().to(device))
         self.vae = build_vae(decoder_base_dim).to(device)
         source = encoder_vae.state_dict()
         if decoder_base_dim is None:
@@ -171,6 +188,11 @@ class VaeDecoderTask(VaeTask):
                 raise ValueError("encoder_vae: its encoder does not fit build_vae()'s")
         self.vae.encoder.requires_grad_(False)
         self.vae.quant_conv.requires_grad_(False)
+
+    def modules(self):
+        if self.critic is None:
+            return {"vae": self.vae}
+        return {"vae": self.vae, "discriminator": self.critic.discriminator}
 
     def pixel_weights(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 1, F, H, W) loss weights of targets x (B, 3, F, H, W) in [-1, 1]."""
@@ -196,7 +218,23 @@ class VaeDecoderTask(VaeTask):
         rec = self.vae.decode(post.mean + post.std * eps).sample
         l1 = (weight * (rec - x).abs()).mean()
         l2 = (weight * (rec - x).pow(2)).mean()
-        return l1 + l2, {"l1": (rec - x).abs().mean().item(), "psnr": psnr(rec.detach(), x)}
+        metrics = {"l1": (rec - x).abs().mean().item(), "psnr": psnr(rec.detach(), x)}
+        if self.critic is None:
+            return l1 + l2, metrics
+        from studio.train.adversarial import adaptive_adversarial_weight
+
+        b, c, f, h, w = x.shape
+        real = x.transpose(1, 2).reshape(b * f, c, h, w)
+        fake = rec.transpose(1, 2).reshape(b * f, c, h, w)
+        metrics["d_loss"] = self.critic.step(real, fake)
+        self._steps_this_sitting += 1
+        if self._steps_this_sitting <= self.adversarial_warmup:
+            return l1 + l2, metrics
+        g_adv = self.critic.generator_loss(fake)
+        lam = self.adversarial_weight * adaptive_adversarial_weight(
+            l1 + l2, g_adv, self.vae.decoder.conv_out.weight)
+        metrics.update(g_adv=float(g_adv.detach()), adv_lambda=float(lam))
+        return l1 + l2 + lam * g_adv, metrics
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -261,6 +299,19 @@ def build_denoiser():
         in_channels=LATENT_CHANNELS, out_channels=LATENT_CHANNELS, text_dim=64, freq_dim=64,
         ffn_dim=512, num_layers=6, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
         rope_max_seq_len=32)
+
+
+def build_reference_encoder():
+    """The reference-token encoder (see :func:`studio.engine.pipelines.wan.reference_tokens`):
+    a ``transformers`` ``CLIPVisionModel`` over the reference's normalised latents (B, 8,
+    16, 16), patches of 4 x 4 latent cells, 2 layers of width 64 (the text embeddings'
+    width): 17 tokens appended to the 32 text tokens of a reference-to-video prompt."""
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    cfg = CLIPVisionConfig(num_channels=LATENT_CHANNELS, image_size=SIZE // 4, patch_size=4,
+                           hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, projection_dim=64)
+    return CLIPVisionModel(cfg)
 
 
 def anonymise(caption: str) -> str:
@@ -338,9 +389,20 @@ class DenoiserTask(TrainTask):
     Step kinds: images (one latent frame), clips (three latent frames; 40 % of them
     image-to-video: the first latent frame clean with timestep 0, as Wan 2.2 TI2V's
     ``expand_timesteps``), and reference-to-video clips (a clean reference latent frame
-    appended after the clip, timestep 0, the caption without colour and shape). 10 % of
-    captions are dropped for classifier-free guidance.
+    appended after the clip, timestep 0, the caption without colour and shape, 70 % of the
+    time). 10 % of captions are dropped for classifier-free guidance.
+
+    Reference clips also get the reference's tokens from a small image encoder
+    (:func:`build_reference_encoder`, trained with the denoiser, module
+    ``reference_encoder``) appended to the text embeddings; 10 % of them are zeroed (the
+    unconditional branch's tokens at sampling). Why: in 20,000 steps the denoiser never
+    learned to look the object up in the appended frame (its loss was the same with another
+    clip's reference), while it reads colour and shape from cross-attention tokens well; Wan
+    2.1 I2V likewise gives its image both as latents and as CLIP tokens. The module was added
+    at step 20038 and is optional in older checkpoints (it starts fresh).
     """
+
+    optional_modules = frozenset({"reference_encoder", "ema_reference_encoder"})
 
     def __init__(self, device: torch.device, vae, *, image_batch: int = 48,
                  clip_batch: int = 12, ema_decay: float = 0.999, pool: bool = False):
@@ -353,13 +415,17 @@ class DenoiserTask(TrainTask):
         self.transformer = build_denoiser().to(device)
         self.ema_text = copy.deepcopy(self.text_encoder).requires_grad_(False)
         self.ema_transformer = copy.deepcopy(self.transformer).requires_grad_(False)
+        self.reference_encoder = build_reference_encoder().to(device)
+        self.ema_reference_encoder = copy.deepcopy(self.reference_encoder).requires_grad_(False)
         self.image_batch, self.clip_batch, self.ema_decay = image_batch, clip_batch, ema_decay
         self.latents_mean, self.latents_std = self.latent_stats()
         self.pool = LatentPool(self) if pool else None
 
     def modules(self):
         return {"text_encoder": self.text_encoder, "transformer": self.transformer,
-                "ema_text_encoder": self.ema_text, "ema_transformer": self.ema_transformer}
+                "reference_encoder": self.reference_encoder,
+                "ema_text_encoder": self.ema_text, "ema_transformer": self.ema_transformer,
+                "ema_reference_encoder": self.ema_reference_encoder}
 
     @torch.no_grad()
     def latent_stats(self, batches: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
@@ -424,7 +490,14 @@ class DenoiserTask(TrainTask):
         if refs is not None:
             ref = refs if torch.is_tensor(refs) else self.encode_pixels(refs)  # (B,C,1,h,w)
         first = torch.from_numpy(np.asarray(first_frame, dtype=bool)).to(self.device)
-        loss = flow_matching_loss(self.transformer, x0, self.encode_text(captions), noise, s,
+        text = self.encode_text(captions)
+        if ref is not None:
+            from studio.engine.pipelines.wan import reference_tokens
+
+            tokens = reference_tokens(self.reference_encoder, ref)
+            keep = (torch.rand(b, generator=gen) >= 0.1).to(tokens).view(b, 1, 1)
+            text = torch.cat([text, tokens * keep], dim=1)
+        loss = flow_matching_loss(self.transformer, x0, text, noise, s,
                                   first_frame=first, reference=ref)
         return loss, {}
 
@@ -432,7 +505,8 @@ class DenoiserTask(TrainTask):
     def update_ema(self) -> None:
         d = self.ema_decay
         for ema, live in ((self.ema_text, self.text_encoder),
-                          (self.ema_transformer, self.transformer)):
+                          (self.ema_transformer, self.transformer),
+                          (self.ema_reference_encoder, self.reference_encoder)):
             for pe, pl in zip(ema.parameters(), live.parameters(), strict=True):
                 pe.lerp_(pl.detach(), 1 - d)
 
@@ -457,7 +531,7 @@ class DenoiserTask(TrainTask):
         with open(out_dir / "eval_log.jsonl", "a") as fh:
             fh.write(json.dumps(line) + "\n")
         print(f"[dit] step {step}: {line}", file=sys.stderr, flush=True)
-        for m in (self.text_encoder, self.transformer):
+        for m in (self.text_encoder, self.transformer, self.reference_encoder):
             m.train()
 
 
@@ -565,6 +639,8 @@ def load_trained_vae(run: Path, device: torch.device, *, decoder: bool = True):
 
 SNAPSHOT_PARTS = (("transformer", "diffusion_pytorch_model.safetensors"),
                   ("text_encoder", "model.safetensors"))
+# parts a snapshot or an export may lack (added to a run under way; they then start fresh)
+OPTIONAL_SNAPSHOT_PARTS = (("reference_encoder", "model.safetensors"),)
 DECODER_KEYS = ("decoder.", "post_quant_conv.")
 
 
@@ -599,7 +675,10 @@ def snapshot_run(out: Path, committed: Path = Path("training/tiny")) -> dict:
             os.fsync(fh.fileno())
         os.replace(tmp, final)
 
-    for part, _ in SNAPSHOT_PARTS:
+    parts = [part for part, _ in SNAPSHOT_PARTS] + [
+        part for part, _ in OPTIONAL_SNAPSHOT_PARTS
+        if (ckpt / f"ema_{part}.safetensors").exists()]
+    for part in parts:
         weights = {k: v.to(torch.float16).contiguous()
                    for k, v in load_file(str(ckpt / f"ema_{part}.safetensors")).items()}
         tmp = dest / f".ema_{part}.safetensors.tmp"
@@ -705,14 +784,18 @@ def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) 
         done["dit"] = "kept"
         return done
     snap = committed / "dit" / "checkpoint"
-    sources = {part: dest / part / file for part, file in SNAPSHOT_PARTS}
+    every = SNAPSHOT_PARTS + OPTIONAL_SNAPSHOT_PARTS
+    sources = {part: dest / part / file for part, file in every}
     origin = str(dest)
     if (snap / "state.json").exists() and all(
             (snap / f"ema_{part}.safetensors").exists() for part, _ in SNAPSHOT_PARTS):
         snap_step = json.loads((snap / "state.json").read_text()).get("step")
         if isinstance(snap_step, int) and snap_step > step:
             step, origin = snap_step, str(snap)
-            sources = {part: snap / f"ema_{part}.safetensors" for part, _ in SNAPSHOT_PARTS}
+            sources = {part: snap / f"ema_{part}.safetensors" for part, _ in every}
+    optional = {part for part, _ in OPTIONAL_SNAPSHOT_PARTS}
+    sources = {part: src for part, src in sources.items()
+               if part not in optional or src.exists()}  # absent: the task starts it fresh
     _copy_logs(committed / "dit", dit)
     elapsed = 0.0
     log = dit / "train_log.jsonl"
@@ -745,6 +828,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="stop at this total step")
     parser.add_argument("--total-steps", type=int, default=None, help="schedule length")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=None,
+                        help="peak learning rate (default per stage: vae 1e-3, decoder 3e-4, "
+                             "dit 6e-4)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     parser.add_argument("--checkpoint-every", type=float, default=300.0, help="seconds")
     parser.add_argument("--dest", default="assets/models/tiny-wan", help="export folder")
@@ -757,6 +843,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--motion-weight", type=float, default=0.0,
                         help="decoder: extra loss weight on pixels that change between clip "
                              "frames (default 0)")
+    parser.add_argument("--adversarial-weight", type=float, default=0.0,
+                        help="decoder: add a patch discriminator, its term scaled by this "
+                             "times VQGAN's adaptive weight (default 0: pixel losses only)")
+    parser.add_argument("--init-decoder", action="store_true",
+                        help="decoder: start from <out>/decoder's trained decoder rather than "
+                             "the jointly trained VAE's (to train a candidate in "
+                             "--decoder-dir)")
     parser.add_argument("--no-pool", action="store_true",
                         help="dit: encode every batch afresh instead of the latent pool")
     args = parser.parse_args(argv)
@@ -765,6 +858,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--decoder-dir must be a plain folder name, got {args.decoder_dir!r}")
     if args.motion_weight < 0:
         parser.error(f"--motion-weight must be at least 0, got {args.motion_weight}")
+    if args.lr is not None and not 0 < args.lr <= 0.1:
+        parser.error(f"--lr must be in (0, 0.1], got {args.lr}")
+    if not 0 <= args.adversarial_weight <= 10:
+        parser.error(f"--adversarial-weight must be in [0, 10], got {args.adversarial_weight}")
+    if args.init_decoder and args.decoder_dir == "decoder":
+        parser.error("--init-decoder needs --decoder-dir other than 'decoder' (the trained "
+                     "decoder it starts from)")
     if args.decoder_base_dim is not None and args.decoder_base_dim < 8:
         parser.error(f"--decoder-base-dim must be at least 8, got {args.decoder_base_dim}")
     out = Path(args.out)
@@ -791,7 +891,7 @@ def main(argv: list[str] | None = None) -> int:
     device = device_default()
     if args.stage == "vae":
         task = VaeTask(device)
-        config = TrainConfig(lr=1e-3, warmup_steps=100, total_steps=args.total_steps or 8000,
+        config = TrainConfig(lr=args.lr or 1e-3, warmup_steps=100, total_steps=args.total_steps or 8000,
                              seed=args.seed, checkpoint_every_s=args.checkpoint_every,
                              log_every=10)
         state = train(task, out / "vae", config, max_steps=args.steps,
@@ -800,10 +900,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"step": state["step"], **task.evaluate()}))
         return 0
     if args.stage == "decoder":
-        task = VaeDecoderTask(device, load_trained_vae(out, device, decoder=False),
+        task = VaeDecoderTask(device, load_trained_vae(out, device,
+                                                       decoder=args.init_decoder),
                               decoder_base_dim=args.decoder_base_dim,
-                              motion_weight=args.motion_weight)
-        config = TrainConfig(lr=3e-4, warmup_steps=50, total_steps=args.total_steps or 3000,
+                              motion_weight=args.motion_weight,
+                              adversarial_weight=args.adversarial_weight)
+        config = TrainConfig(lr=args.lr or 3e-4, warmup_steps=50, total_steps=args.total_steps or 3000,
                              seed=args.seed, checkpoint_every_s=args.checkpoint_every,
                              log_every=10, weight_decay=0.0)
         state = train(task, out / args.decoder_dir, config, max_steps=args.steps,
@@ -815,7 +917,7 @@ def main(argv: list[str] | None = None) -> int:
     vae = load_trained_vae(out, device)
     task = DenoiserTask(device, vae, pool=args.stage == "dit" and not args.no_pool)
     if args.stage == "dit":
-        config = TrainConfig(lr=6e-4, warmup_steps=300, total_steps=args.total_steps or 30000,
+        config = TrainConfig(lr=args.lr or 6e-4, warmup_steps=300, total_steps=args.total_steps or 30000,
                              seed=args.seed, checkpoint_every_s=args.checkpoint_every,
                              log_every=20, weight_decay=0.0)
         state = train(task, out / "dit", config, max_steps=args.steps, max_minutes=args.minutes,

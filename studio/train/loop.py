@@ -33,7 +33,15 @@ log = logging.getLogger("studio.train")
 
 
 class TrainTask:
-    """What to train. Subclasses implement the three methods below."""
+    """What to train. Subclasses implement the three methods below.
+
+    ``optional_modules``: names of :meth:`modules` a checkpoint may lack (a module added to a
+    task whose run is already under way): :func:`load_checkpoint` keeps their fresh
+    initialisation and, since the optimizer's parameter list then differs from the saved
+    one, restarts the optimizer's moments.
+    """
+
+    optional_modules: frozenset[str] = frozenset()
 
     def modules(self) -> dict[str, torch.nn.Module]:
         """The trainable modules by name (saved as ``<name>.safetensors``)."""
@@ -103,7 +111,14 @@ def _save_checkpoint(out_dir: Path, task: TrainTask, opt: torch.optim.Optimizer,
 
 def load_checkpoint(out_dir: Path, task: TrainTask,
                     opt: torch.optim.Optimizer | None = None) -> dict[str, Any] | None:
-    """Loads the last complete checkpoint into ``task`` (and ``opt``); None if there is none."""
+    """Loads the last complete checkpoint into ``task`` (and ``opt``); None if there is none.
+
+    A module named in ``task.optional_modules`` whose file the checkpoint lacks keeps its
+    initial weights; the optimizer state is then not loaded (its parameter list changed).
+
+    Raises:
+        FileNotFoundError: the checkpoint lacks a module that is not optional.
+    """
     ckpt = out_dir / "checkpoint"
     if not (ckpt / "state.json").exists():
         old = out_dir / "checkpoint.old"
@@ -111,9 +126,19 @@ def load_checkpoint(out_dir: Path, task: TrainTask,
             ckpt = old
         else:
             return None
+    fresh = []
     for name, module in task.modules().items():
-        load_model(module, str(ckpt / f"{name}.safetensors"))
-    if opt is not None and (ckpt / "optimizer.pt").exists():
+        path = ckpt / f"{name}.safetensors"
+        if not path.exists() and name in task.optional_modules:
+            fresh.append(name)
+            continue
+        if not path.exists():
+            raise FileNotFoundError(f"checkpoint {ckpt} has no {path.name}")
+        load_model(module, str(path))
+    if fresh:
+        log.warning("checkpoint %s: new modules %s start fresh; optimizer moments restart",
+                    ckpt, ", ".join(fresh))
+    elif opt is not None and (ckpt / "optimizer.pt").exists():
         opt.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
     return json.loads((ckpt / "state.json").read_text())
 

@@ -70,3 +70,67 @@ def test_reference_to_video_conditions_on_the_reference(runner):
     # the denoiser saw 3 video latent frames + 1 reference frame at timestep 0
     assert seen and all(s[0][2] == 4 and s[1] == 0.0 for s in seen)
     assert not transformer._forward_pre_hooks and not transformer._forward_hooks
+
+
+def test_reference_tokens_join_the_prompt_and_only_the_conditional_branch(tmp_path):
+    """A model whose studio.json names a reference encoder: its tokens of the reference
+    follow the prompt's in cross-attention (zeros in the unconditional branch), computed
+    from the reference fitted to the encoder's size whatever the request's size."""
+    import json
+    import shutil
+
+    from studio.engine.models.registry import EMBEDDED_DIR
+    from studio.tiny.train import build_reference_encoder
+
+    folder = tmp_path / "with-tokens"
+    shutil.copytree(EMBEDDED_DIR / "tiny-wan", folder)
+    torch.manual_seed(0)
+    build_reference_encoder().to(torch.float16).save_pretrained(folder / "refenc")
+    meta = json.loads((folder / "studio.json").read_text())
+    meta.pop("reference_tokens", None)
+    (folder / "studio.json").write_text(json.dumps({**meta, "reference_tokens": "refenc"}))
+    entry = ModelRegistry([tmp_path], include_hf_cache=False).resolve(str(folder))
+    assert entry.reference_encoder == "refenc"
+    runner = runner_class(entry.family)(entry, torch.device("cpu"), torch.float32)
+    seen = []
+    spy = runner.pipes["t2v"].transformer.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(kwargs["encoder_hidden_states"].clone()),
+        with_kwargs=True)
+    a, b = image(5), image(6)
+    outs = []
+    for pixels in (a, b):
+        req = base(mode="r2v", num_frames=5, width=96, height=64, references=(ref(pixels),))
+        assert req.validate(entry.capabilities) == []
+        outs.append(runner.run(req, {ref(pixels).content_id: pixels}, lambda *x: None).frames)
+    spy.remove()
+    text_len = entry.call_kwargs["max_sequence_length"]
+    tokens = 1 + (16 // 4) ** 2
+    assert all(e.shape == (1, text_len + tokens, 64) for e in seen)
+    cond, uncond = seen[0][0], seen[1][0]  # WanPipeline: conditional, then unconditional
+    assert cond[text_len:].abs().sum() > 0 and uncond[text_len:].abs().sum() == 0
+    # the tokens are the encoder's on the reference fitted to 64 x 64 pixels
+    from studio.core.media import fit_image
+    from studio.engine.pipelines.wan import reference_tokens
+
+    want = reference_tokens(runner.reference_encoder, runner.encode_image(fit_image(a, 64, 64)))
+    torch.testing.assert_close(cond[text_len:], want[0].to(cond))
+    assert not torch.equal(seen[-1][0, text_len:], cond[text_len:])  # another reference
+    assert np.abs(outs[0] - outs[1]).max() > 0
+    with pytest.raises(ValueError, match="reference: expected"):
+        reference_tokens(runner.reference_encoder, torch.zeros(1, 8, 1, 8, 8))
+
+
+def test_a_reference_encoder_that_is_not_a_folder_makes_the_model_unusable(tmp_path):
+    import json
+    import shutil
+
+    from studio.engine.models.registry import EMBEDDED_DIR
+
+    folder = tmp_path / "bad"
+    shutil.copytree(EMBEDDED_DIR / "tiny-wan", folder)
+    meta = json.loads((folder / "studio.json").read_text())
+    for bad in ("../tiny-wan/vae", "missing"):
+        (folder / "studio.json").write_text(json.dumps({**meta, "reference_tokens": bad}))
+        entry = ModelRegistry([tmp_path], include_hf_cache=False).list()
+        entry = next(e for e in entry if e.path == folder)
+        assert "reference_tokens" in entry.error and not entry.usable

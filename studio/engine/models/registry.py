@@ -58,6 +58,9 @@ class ModelEntry:
             components (:mod:`studio.engine.models.single_file`); None for a plain folder.
         denoiser_subfolder: the folder's component it replaces (``transformer``/``unet``).
         denoiser_class: its diffusers class name.
+        reference_encoder: subfolder of an image encoder whose tokens a reference image
+            adds to the prompt embeddings (``studio.json``'s ``reference_tokens``; see
+            :func:`studio.engine.pipelines.wan.reference_tokens`); empty when none.
     """
 
     model_id: str
@@ -76,6 +79,7 @@ class ModelEntry:
     denoiser_file: Path | None = None
     denoiser_subfolder: str = ""
     denoiser_class: str = ""
+    reference_encoder: str = ""
 
     @property
     def load_key(self) -> str:
@@ -254,7 +258,14 @@ class ModelRegistry:
             return replace(entry, error=f"{studio_json}: {exc}")
         if modes is not None:
             caps = replace(caps, modes=frozenset(modes) & caps.modes)
+        ref_enc = extra.get("reference_tokens", "")
+        if ref_enc and (not isinstance(ref_enc, str) or "/" in ref_enc or "\\" in ref_enc
+                        or ref_enc.startswith(".")
+                        or not (folder / ref_enc / "config.json").is_file()):
+            return replace(entry, error=f"{studio_json}: reference_tokens={ref_enc!r} is not a "
+                                        f"subfolder with a config.json")
         return replace(entry, capabilities=caps, call_kwargs=dict(extra.get("call_kwargs", {})),
+                       reference_encoder=ref_enc,
                        description=str(extra.get("description", "")),
                        tuning={k: extra[k] for k in ("step_cache", "guidance_reuse") if k in extra})
 

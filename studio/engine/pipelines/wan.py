@@ -13,7 +13,13 @@ Modes, all through diffusers' own pipelines sharing one set of weights (``from_p
 * ``r2v`` (models that declare ``"reference_frames": "append"`` in ``studio.json``, such as the
   embedded model): ``WanPipeline`` with the reference image's clean latents appended as one
   extra frame after the video, at timestep 0, by a forward hook on the denoiser; the extra
-  frame is dropped from the denoiser's output, so the scheduler never sees it.
+  frame is dropped from the denoiser's output, so the scheduler never sees it. Models that
+  also declare ``"reference_tokens": "<subfolder>"`` (the embedded model) give the reference
+  a second way in, as Wan 2.1 I2V gives its first frame both as latents and as CLIP image
+  tokens in cross-attention: a small image encoder (a ``transformers`` ``CLIPVisionModel``
+  over the reference's latents) turns it into tokens appended to the prompt embeddings
+  (:func:`reference_tokens`); the unconditional branch gets zeros in their place, so
+  classifier-free guidance pushes toward the reference as it does toward the prompt.
 """
 
 from __future__ import annotations
@@ -57,6 +63,9 @@ class WanRunner(FamilyRunner):
         self.pipes = {mode: derive_pipeline(cls, base, **config)
                       for mode, cls in wanted.items() if mode in entry.capabilities.modes}
         self.base = base
+        self.reference_encoder = None
+        if entry.reference_encoder and "r2v" in entry.capabilities.modes:
+            self.reference_encoder = load_reference_encoder(entry, dtype).to(device)
         self.preview = self._fit_preview()
 
     def _fit_preview(self) -> LatentPreview:
@@ -174,9 +183,19 @@ class WanRunner(FamilyRunner):
         notes = self.apply_profile(request) + notes
         hooks = []
         if mode == "r2v":
-            ref = fit_image(inputs[request.references[0].content_id], request.width,
-                            request.height)
+            ref_pixels = inputs[request.references[0].content_id]
+            ref = fit_image(ref_pixels, request.width, request.height)
             hooks = append_reference_frame(pipe.transformer, self.encode_image(ref))
+            if self.reference_encoder is not None:
+                side = self.reference_encoder.config.image_size * int(
+                    self.base.vae.config.get("scale_factor_spatial", 8))
+                tokens = reference_tokens(self.reference_encoder,
+                                          self.encode_image(fit_image(ref_pixels, side, side)))
+                tokens = tokens.to(kwargs["prompt_embeds"])
+                kwargs["prompt_embeds"] = torch.cat([kwargs["prompt_embeds"], tokens], dim=1)
+                if kwargs["negative_prompt_embeds"] is not None:
+                    kwargs["negative_prompt_embeds"] = torch.cat(
+                        [kwargs["negative_prompt_embeds"], torch.zeros_like(tokens)], dim=1)
         try:
             kwargs["output_type"] = "latent"  # kept: a failed decode is retried tiled
             latents = pipe(**kwargs).frames
@@ -228,6 +247,52 @@ class LatentBlend:
         sigma = sched.sigmas[min(sched.step_index, len(sched.sigmas) - 1)].to(latents)
         known = (1 - sigma) * self.x0 + sigma * self.noise
         return self.repaint * latents + (1 - self.repaint) * known.to(latents.dtype)
+
+
+def load_reference_encoder(entry, dtype: torch.dtype) -> torch.nn.Module:
+    """The ``transformers.CLIPVisionModel`` in ``entry.path / entry.reference_encoder``
+    (safetensors only, never the network), in eval mode.
+
+    Raises:
+        ModelError: it could not be loaded (names the folder and the reason).
+    """
+    from transformers import CLIPVisionModel
+
+    from studio.engine.models.folders import ModelError
+
+    folder = entry.path / entry.reference_encoder
+    try:
+        encoder = CLIPVisionModel.from_pretrained(folder, dtype=dtype, local_files_only=True,
+                                                  use_safetensors=True)
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+        raise ModelError(f"model {entry.model_id}: cannot load the reference encoder "
+                         f"{folder} ({type(exc).__name__}: {str(exc)[:300]})") from exc
+    return encoder.eval().requires_grad_(False)
+
+
+def reference_tokens(encoder: torch.nn.Module, reference: torch.Tensor) -> torch.Tensor:
+    """Tokens of a reference image for cross-attention, appended after the prompt's.
+
+    Args:
+        encoder: a ``transformers.CLIPVisionModel`` whose ``num_channels`` is the VAE's
+            latent channels and ``image_size`` the reference latents' side.
+        reference: normalised latents (B, C, 1, h, w) of the reference image (as
+            :meth:`WanRunner.encode_image` gives them), h == w == ``image_size``.
+
+    Returns:
+        (B, 1 + (h / patch) * (w / patch), hidden_size) float tokens: the encoder's last
+        hidden state (its class token first).
+
+    Raises:
+        ValueError: ``reference`` is not (B, C, 1, h, w) with the encoder's channels and size.
+    """
+    cfg = encoder.config
+    if reference.ndim != 5 or reference.shape[1] != cfg.num_channels or \
+            reference.shape[2] != 1 or tuple(reference.shape[-2:]) != (cfg.image_size,) * 2:
+        raise ValueError(f"reference: expected (B, {cfg.num_channels}, 1, {cfg.image_size}, "
+                         f"{cfg.image_size}) latents, got {tuple(reference.shape)}")
+    param = next(encoder.parameters())
+    return encoder(pixel_values=reference[:, :, 0].to(param)).last_hidden_state
 
 
 def append_reference_frame(transformer: torch.nn.Module, reference: torch.Tensor) -> list:
