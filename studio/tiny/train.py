@@ -381,6 +381,20 @@ def flow_matching_loss(transformer, x0: torch.Tensor, text: torch.Tensor,
     return err.sum() / (weight.sum() * pred.shape[1] * h * w)
 
 
+def step_mix(reference_share: float = 0.18) -> dict[str, float]:
+    """Probabilities of the denoiser's step kinds: ``reference_share`` of reference-to-video
+    clips, the rest images and clips 45 : 37 (the mix of steps 0-21036 was 0.45 / 0.37 /
+    0.18).
+
+    Raises:
+        ValueError: ``reference_share`` outside [0, 1).
+    """
+    if not 0 <= reference_share < 1:
+        raise ValueError(f"reference_share={reference_share}: must be in [0, 1)")
+    rest = (1 - reference_share) / 0.82
+    return {"image": 0.45 * rest, "clip": 0.37 * rest, "reference": reference_share}
+
+
 class DenoiserTask(TrainTask):
     """Flow matching (rectified flow) of the Wan denoiser and the text encoder on VAE latents.
 
@@ -403,11 +417,14 @@ class DenoiserTask(TrainTask):
     """
 
     optional_modules = frozenset({"reference_encoder", "ema_reference_encoder"})
+    step_kinds = {"image": 0.45, "clip": 0.37, "reference": 0.18}  # see reference_share
 
     def __init__(self, device: torch.device, vae, *, image_batch: int = 48,
-                 clip_batch: int = 12, ema_decay: float = 0.999, pool: bool = False):
+                 clip_batch: int = 12, ema_decay: float = 0.999, pool: bool = False,
+                 reference_share: float = 0.18):
         import copy
 
+        step_mix(reference_share)  # bad input fails before anything is built
         self.device = device
         self.vae = vae.to(device).eval().requires_grad_(False)
         self.tokenizer, self.text_encoder = build_text_stack()
@@ -418,6 +435,7 @@ class DenoiserTask(TrainTask):
         self.reference_encoder = build_reference_encoder().to(device)
         self.ema_reference_encoder = copy.deepcopy(self.reference_encoder).requires_grad_(False)
         self.image_batch, self.clip_batch, self.ema_decay = image_batch, clip_batch, ema_decay
+        self.step_kinds = step_mix(reference_share)
         self.latents_mean, self.latents_std = self.latent_stats()
         self.pool = LatentPool(self) if pool else None
 
@@ -460,7 +478,7 @@ class DenoiserTask(TrainTask):
     def batch(self, rng):
         if getattr(self, "pool", None) is not None:
             return self.pool.batch(rng)
-        kind = rng.choice(["image", "clip", "reference"], p=[0.45, 0.37, 0.18])
+        kind = rng.choice(list(self.step_kinds), p=list(self.step_kinds.values()))
         video = kind != "image"
         n = self.clip_batch if video else self.image_batch
         specs = [world.sample_scene(rng, video=video) for _ in range(n)]
@@ -544,7 +562,8 @@ class LatentPool:
     ``max_images`` / ``max_clips``, then replacing random entries) and draws its batch from
     the pool. Scenes (not captions) are stored; each use draws a fresh caption, reference
     anonymisation, first-frame conditioning and caption dropout, as the pixel path does.
-    The batch mix (45 % images, 37 % clips, 18 % reference clips) is the pixel path's.
+    The batch mix (``DenoiserTask.step_kinds``: by default 45 % images, 37 % clips, 18 %
+    reference clips) is the pixel path's.
     """
 
     def __init__(self, task: DenoiserTask, *, warm_images: int = 1024, warm_clips: int = 256,
@@ -589,7 +608,8 @@ class LatentPool:
     def batch(self, rng):
         self._add_images(rng, self.fresh_images)
         self._add_clips(rng, self.fresh_clips)
-        kind = rng.choice(["image", "clip", "reference"], p=[0.45, 0.37, 0.18])
+        kinds = self.task.step_kinds
+        kind = rng.choice(list(kinds), p=list(kinds.values()))
         video = kind != "image"
         items = self.clips if video else self.images
         n = self.task.clip_batch if video else self.task.image_batch
@@ -850,6 +870,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="decoder: start from <out>/decoder's trained decoder rather than "
                              "the jointly trained VAE's (to train a candidate in "
                              "--decoder-dir)")
+    parser.add_argument("--reference-share", type=float, default=0.18,
+                        help="dit: share of steps on reference-to-video clips (default 0.18; "
+                             "images and clips share the rest 45 : 37)")
     parser.add_argument("--no-pool", action="store_true",
                         help="dit: encode every batch afresh instead of the latent pool")
     args = parser.parse_args(argv)
@@ -858,6 +881,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--decoder-dir must be a plain folder name, got {args.decoder_dir!r}")
     if args.motion_weight < 0:
         parser.error(f"--motion-weight must be at least 0, got {args.motion_weight}")
+    if not 0 <= args.reference_share < 1:
+        parser.error(f"--reference-share must be in [0, 1), got {args.reference_share}")
     if args.lr is not None and not 0 < args.lr <= 0.1:
         parser.error(f"--lr must be in (0, 0.1], got {args.lr}")
     if not 0 <= args.adversarial_weight <= 10:
@@ -915,7 +940,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"step": state["step"], **task.evaluate()}))
         return 0
     vae = load_trained_vae(out, device)
-    task = DenoiserTask(device, vae, pool=args.stage == "dit" and not args.no_pool)
+    task = DenoiserTask(device, vae, pool=args.stage == "dit" and not args.no_pool,
+                        reference_share=args.reference_share)
     if args.stage == "dit":
         config = TrainConfig(lr=args.lr or 6e-4, warmup_steps=300, total_steps=args.total_steps or 30000,
                              seed=args.seed, checkpoint_every_s=args.checkpoint_every,

@@ -82,6 +82,23 @@ def test_batches_cover_every_step_kind():
     assert task_kinds == {"image", "clip", "i2v", "reference"}
 
 
+def test_reference_share_sets_the_step_mix():
+    from studio.tiny.train import step_mix
+
+    assert step_mix() == pytest.approx({"image": 0.45, "clip": 0.37, "reference": 0.18})
+    for bad in (1, -0.1):
+        with pytest.raises(ValueError, match="reference_share="):
+            step_mix(bad)
+        with pytest.raises(ValueError, match="reference_share="):  # before building anything
+            DenoiserTask(torch.device("cpu"), None, reference_share=bad)
+    task = DenoiserTask.__new__(DenoiserTask)
+    task.image_batch, task.clip_batch = 1, 1
+    task.step_kinds = step_mix(0.5)
+    assert sum(task.step_kinds.values()) == pytest.approx(1.0)
+    refs = sum(task.batch(np.random.default_rng(i))[2] is not None for i in range(200))
+    assert 80 <= refs <= 120  # about half, against 18 % by default
+
+
 def test_latent_pool_batches_are_latents_of_every_kind():
     from studio.tiny.train import LatentPool
 
@@ -180,6 +197,7 @@ def test_wider_decoder_trains_on_the_frozen_encoder_and_is_loaded_after(tmp_path
     (["decoder", "--lr", "0"], "--lr must be in (0, 0.1]"),
     (["decoder", "--adversarial-weight", "-1"], "--adversarial-weight must be in [0, 10]"),
     (["decoder", "--init-decoder"], "--init-decoder needs --decoder-dir other than"),
+    (["dit", "--reference-share", "1"], "--reference-share must be in [0, 1)"),
 ])
 def test_trainer_refuses_bad_arguments_before_loading_anything(tmp_path, capsys, argv, message):
     from studio.tiny.train import main
