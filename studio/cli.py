@@ -71,8 +71,17 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """argparse, its errors on one line (``<prog>: error: ...; see <prog> --help``, exit
+    status 2) rather than the whole usage first: one line per problem, as every other bad
+    input the CLI reports."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="studio", description=__doc__.splitlines()[0])
+    parser = OneLineErrors(prog="studio", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("render", help="generate an image or a video",
@@ -377,7 +386,8 @@ def cmd_render(args) -> int:
     try:
         check_suffix(args.out, request.num_frames)
     except ValueError as exc:
-        raise BadInput(str(exc)) from None
+        inferred = "" if args.mode else f" (mode {request.mode})"
+        raise BadInput(f"{exc}{inferred}") from None
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     config = WorkerConfig(model_folders=tuple(args.model_folder), device=args.device)

@@ -88,11 +88,19 @@ def _open_fully(data: bytes, name: str, field: str) -> Image.Image:
             img.load()
     except InputImageError:
         raise
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError,
-            Image.DecompressionBombError) as exc:
+    except Image.DecompressionBombError as exc:  # Pillow's own limit, above ours: same words
+        import re
+
+        found = re.search(r"\((\d+) pixels\)", str(exc))
+        size = f" ({int(found.group(1))} pixels)" if found else ""
+        raise InputImageError(f"{field}: {name} is too large{size}; at most "
+                              f"{MAX_INPUT_PIXELS} pixels are accepted") from None
+    except UnidentifiedImageError:
+        raise InputImageError(
+            f"{field}: {name} is not an image this studio reads, or is damaged or incomplete "
+            f"(PNG, JPEG, WebP, GIF, BMP and TIFF are read)") from None
+    except (OSError, SyntaxError, ValueError) as exc:
         detail = str(exc) or type(exc).__name__
-        if isinstance(exc, UnidentifiedImageError):
-            detail = "not an image format this studio reads"
         raise InputImageError(
             f"{field}: the image file {name} is damaged or incomplete ({detail})") from None
     return img

@@ -74,6 +74,12 @@ def check_output_path(out: str | Path, inputs: Sequence[str | Path | None] = ())
     if not str(out).strip():
         raise ValueError("out='': give a file name such as result.png")
     path = Path(out).expanduser()
+    too_long = [part for part in path.parts if len(os.fsencode(part)) > 255]
+    if too_long:
+        raise ValueError(f"out={str(out)[:60]!r}...: a file or folder name is "
+                         f"{len(os.fsencode(too_long[0]))} bytes long; at most 255 are allowed")
+    if len(os.fsencode(str(path))) >= 4096:
+        raise ValueError(f"out={str(out)[:60]!r}...: the path is longer than 4095 bytes")
     if path.is_dir():
         raise ValueError(f"out={str(out)!r}: is a folder; give a file name such as "
                          f"{path / 'a.png'}")

@@ -384,3 +384,39 @@ def test_a_video_file_without_a_mode_is_a_text_to_video(tmp_path, capsys):
     code, _, err = studio_inproc(capsys, "render", "--prompt", "a red circle", "--steps", "2",
                                  "--out", tmp_path / "still.webp")
     assert code == 0 and read_frames(tmp_path / "still.webp").shape[0] == 1, err
+
+
+def test_trial_findings_long_names_huge_or_foreign_files_and_argparse_errors(tmp_path, capsys):
+    """From the session-10 new-user trial: each is one line, exit 2, before model work."""
+    import struct
+    import zlib
+
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--out",
+                                 tmp_path / ("a" * 300 + ".png"))
+    assert code == 2 and "at most 255 are allowed" in err and "internal" not in err
+    # a PNG whose header says 20000 x 20000 (Pillow's own bomb limit, above ours)
+    png = bytearray((CASES / "002-init-image-modes" / "palette.png").read_bytes())
+    ihdr = png.index(b"IHDR")
+    png[ihdr + 4:ihdr + 12] = struct.pack(">II", 20000, 20000)
+    png[ihdr + 17:ihdr + 21] = struct.pack(">I", zlib.crc32(bytes(png[ihdr:ihdr + 17])))
+    bomb = tmp_path / "bomb.png"
+    bomb.write_bytes(bytes(png))
+    code, _, err = studio_inproc(capsys, "render", "--init-image", bomb, "--prompt", "x",
+                                 "--out", tmp_path / "o.png")
+    assert code == 2 and "is too large (400000000 pixels); at most 64000000" in err, err
+    movie = tmp_path / "a.mp4"
+    movie.write_bytes(b"\x00\x00\x00\x18ftypmp42" + bytes(64))
+    code, _, err = studio_inproc(capsys, "render", "--init-image", movie, "--prompt", "x",
+                                 "--out", tmp_path / "o.png")
+    assert code == 2 and "a.mp4 is not an image this studio reads" in err
+    with pytest.raises(SystemExit) as info:
+        studio_inproc(capsys, "render", "--steps", "2.5", "--out", tmp_path / "o.png")
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and "--steps" in err
+    assert "see studio render --help" in err
+    # a lone --reference makes a video: the refusal of a .png says which mode it took
+    ref = CASES / "002-init-image-modes" / "palette.png"
+    code, _, err = studio_inproc(capsys, "render", "--reference", ref, "--prompt", "x",
+                                 "--out", tmp_path / "o.png")
+    assert code == 2 and "(mode r2v)" in err
+    assert not list(tmp_path.glob("o.*"))

@@ -14,7 +14,8 @@ Modes, all through diffusers' own pipelines sharing one set of weights (``from_p
   embedded model): ``WanPipeline`` with the reference image's clean latents appended as one
   extra frame after the video, at timestep 0, by a forward hook on the denoiser; the extra
   frame is dropped from the denoiser's output, so the scheduler never sees it. Models that
-  also declare ``"reference_tokens": "<subfolder>"`` (the embedded model) give the reference
+  also declare ``"reference_tokens": "<subfolder>"`` (the embedded model's exports from
+  training step 20549 on; the shipped step-14672 weights predate it) give the reference
   a second way in, as Wan 2.1 I2V gives its first frame both as latents and as CLIP image
   tokens in cross-attention: a small image encoder (a ``transformers`` ``CLIPVisionModel``
   over the reference's latents) turns it into tokens appended to the prompt embeddings
