@@ -189,6 +189,8 @@ class VaeDecoderTask(VaeTask):
         self.vae.encoder.requires_grad_(False)
         self.vae.quant_conv.requires_grad_(False)
 
+    optional_modules = frozenset({"discriminator"})  # a restored decoder has none yet
+
     def modules(self):
         if self.critic is None:
             return {"vae": self.vae}

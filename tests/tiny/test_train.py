@@ -321,3 +321,42 @@ def test_decoder_motion_weight_marks_what_moved_between_frames():
                        torch.ones_like(w))  # off by default
     with pytest.raises(ValueError, match="motion_weight"):
         VaeDecoderTask(torch.device("cpu"), build_vae(), motion_weight=-1)
+
+
+def test_adversarial_decoder_run_trains_both_sides_and_resumes_from_a_plain_decoder(tmp_path):
+    """``--adversarial-weight``: the discriminator learns during warm-up alone, then the
+    decoder gets the adaptive-weighted term; the encoder stays bit for bit; a decoder
+    checkpoint without a discriminator (a restored one) is taken up."""
+    from safetensors.torch import save_model
+
+    from studio.tiny.train import VaeDecoderTask, load_trained_vae
+
+    torch.manual_seed(0)
+    source = build_vae()
+    (tmp_path / "vae" / "checkpoint").mkdir(parents=True)
+    save_model(source, str(tmp_path / "vae" / "checkpoint" / "vae.safetensors"))
+    config = TrainConfig(lr=1e-3, warmup_steps=1, total_steps=10, seed=3, log_every=1,
+                         checkpoint_every_s=1e9, weight_decay=0.0)
+    plain = VaeDecoderTask(torch.device("cpu"), load_trained_vae(tmp_path, torch.device("cpu")),
+                           image_batch=4, clip_batch=1)
+    plain.on_checkpoint = lambda *a: None
+    train(plain, tmp_path / "decoder", config, max_steps=2)  # no discriminator saved
+    task = VaeDecoderTask(torch.device("cpu"), load_trained_vae(tmp_path, torch.device("cpu")),
+                          image_batch=4, clip_batch=1, adversarial_weight=0.5,
+                          adversarial_warmup=2)
+    task.on_checkpoint = lambda *a: None
+    d0 = {k: v.clone() for k, v in task.critic.discriminator.state_dict().items()}
+    train(task, tmp_path / "decoder", config, max_steps=6)
+    rows = [json.loads(line) for line in
+            (tmp_path / "decoder" / "train_log.jsonl").read_text().splitlines()]
+    gan_rows = [r for r in rows if "d_loss" in r]
+    assert len(gan_rows) == 4 and "adv_lambda" not in gan_rows[0]  # warm-up: critic only
+    assert all(r["adv_lambda"] > 0 for r in gan_rows[2:])
+    d1 = task.critic.discriminator.state_dict()
+    assert any(not torch.equal(d0[k], d1[k]) for k in d0)
+    assert (tmp_path / "decoder" / "checkpoint" / "discriminator.safetensors").exists()
+    after, before = task.vae.state_dict(), source.state_dict()
+    frozen = [k for k in after if k.startswith(("encoder.", "quant_conv."))]
+    assert frozen and all(torch.equal(after[k], before[k]) for k in frozen)
+    with pytest.raises(ValueError, match="adversarial_weight=-1"):
+        VaeDecoderTask(torch.device("cpu"), source, adversarial_weight=-1)
