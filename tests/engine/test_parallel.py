@@ -396,9 +396,9 @@ def embedded_reference(requests, inputs=None):
 def test_embedded_model_under_each_two_rank_plan(ranks, degrees):
     """The embedded model through the engine's loading path under each 2-rank plan, with
     the exact and the balanced (step cache) profiles: the single-process frames."""
-    requests = [embedded_request(), embedded_request(profile="balanced", steps=8)]
+    requests = [embedded_request(), embedded_request(profile="fast", steps=12)]
     want = embedded_reference(requests)
-    assert " 0 forecast" not in want[1][2][0]  # the balanced profile's cache does skip here
+    assert " 0 forecast" not in want[1][2][0]  # the fast profile's cache does skip here
     name = next(iter(degrees)).removesuffix("_degree")
     check_plan_results(ranks.run(plan_rank, degrees, requests), want, f"{name} 2 (2 ranks)")
 
