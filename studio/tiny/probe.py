@@ -84,11 +84,10 @@ class DenoiserProbe:
         meta = model / "studio.json"
         sub = json.loads(meta.read_text()).get("reference_tokens") if meta.exists() else None
         if sub:
-            from transformers import CLIPVisionModel
+            from studio.engine.pipelines.wan import load_reference_encoder
 
-            self.reference_encoder = CLIPVisionModel.from_pretrained(
-                model / sub, local_files_only=True, use_safetensors=True,
-                dtype=torch.float32).eval()
+            self.reference_encoder = load_reference_encoder(model / sub, torch.float32,
+                                                            str(model))
 
     @torch.no_grad()
     def encode_pixels(self, pixels: np.ndarray) -> torch.Tensor:

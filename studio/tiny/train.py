@@ -158,6 +158,8 @@ class VaeDecoderTask(VaeTask):
     discriminator: harmless). The discriminator is the task's module ``discriminator``.
     """
 
+    optional_modules = frozenset({"discriminator"})  # a restored decoder has none yet
+
     def __init__(self, device: torch.device, encoder_vae, image_batch: int = 24,
                  clip_batch: int = 4, decoder_base_dim: int | None = None,
                  edge_weight: float = 4.0, motion_weight: float = 0.0,
@@ -188,8 +190,6 @@ class VaeDecoderTask(VaeTask):
                 raise ValueError("encoder_vae: its encoder does not fit build_vae()'s")
         self.vae.encoder.requires_grad_(False)
         self.vae.quant_conv.requires_grad_(False)
-
-    optional_modules = frozenset({"discriminator"})  # a restored decoder has none yet
 
     def modules(self):
         if self.critic is None:
@@ -419,14 +419,14 @@ class DenoiserTask(TrainTask):
     """
 
     optional_modules = frozenset({"reference_encoder", "ema_reference_encoder"})
-    step_kinds = {"image": 0.45, "clip": 0.37, "reference": 0.18}  # see reference_share
+    step_kinds = step_mix()  # the default mix; an instance's comes from reference_share
 
     def __init__(self, device: torch.device, vae, *, image_batch: int = 48,
                  clip_batch: int = 12, ema_decay: float = 0.999, pool: bool = False,
                  reference_share: float = 0.18):
         import copy
 
-        step_mix(reference_share)  # bad input fails before anything is built
+        step_kinds = step_mix(reference_share)  # bad input fails before anything is built
         self.device = device
         self.vae = vae.to(device).eval().requires_grad_(False)
         self.tokenizer, self.text_encoder = build_text_stack()
@@ -437,7 +437,7 @@ class DenoiserTask(TrainTask):
         self.reference_encoder = build_reference_encoder().to(device)
         self.ema_reference_encoder = copy.deepcopy(self.reference_encoder).requires_grad_(False)
         self.image_batch, self.clip_batch, self.ema_decay = image_batch, clip_batch, ema_decay
-        self.step_kinds = step_mix(reference_share)
+        self.step_kinds = step_kinds
         self.latents_mean, self.latents_std = self.latent_stats()
         self.pool = LatentPool(self) if pool else None
 

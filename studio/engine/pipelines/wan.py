@@ -66,7 +66,8 @@ class WanRunner(FamilyRunner):
         self.base = base
         self.reference_encoder = None
         if entry.reference_encoder and "r2v" in entry.capabilities.modes:
-            self.reference_encoder = load_reference_encoder(entry, dtype).to(device)
+            self.reference_encoder = load_reference_encoder(
+                entry.path / entry.reference_encoder, dtype, entry.model_id).to(device)
         self.preview = self._fit_preview()
 
     def _fit_preview(self) -> LatentPreview:
@@ -250,23 +251,22 @@ class LatentBlend:
         return self.repaint * latents + (1 - self.repaint) * known.to(latents.dtype)
 
 
-def load_reference_encoder(entry, dtype: torch.dtype) -> torch.nn.Module:
-    """The ``transformers.CLIPVisionModel`` in ``entry.path / entry.reference_encoder``
-    (safetensors only, never the network), in eval mode.
+def load_reference_encoder(folder, dtype: torch.dtype, model_id: str) -> torch.nn.Module:
+    """The ``transformers.CLIPVisionModel`` in ``folder`` (a model's ``reference_tokens``
+    subfolder; safetensors only, never the network), in eval mode.
 
     Raises:
-        ModelError: it could not be loaded (names the folder and the reason).
+        ModelError: it could not be loaded (names ``model_id``, the folder and the reason).
     """
     from transformers import CLIPVisionModel
 
     from studio.engine.models.folders import ModelError
 
-    folder = entry.path / entry.reference_encoder
     try:
         encoder = CLIPVisionModel.from_pretrained(folder, dtype=dtype, local_files_only=True,
                                                   use_safetensors=True)
     except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
-        raise ModelError(f"model {entry.model_id}: cannot load the reference encoder "
+        raise ModelError(f"model {model_id}: cannot load the reference encoder "
                          f"{folder} ({type(exc).__name__}: {str(exc)[:300]})") from exc
     return encoder.eval().requires_grad_(False)
 
