@@ -431,11 +431,11 @@ def cmd_render(args) -> int:
     if original is not None:
         from studio.store.export import read_frames
 
-        print(compare_with_original(args.from_file, original, event, read_frames(path)))
+        print(compare_with_original(args.from_file, original, event, read_frames(path), path))
     return EXIT_OK
 
 
-def compare_with_original(name: str, original, event, written) -> str:
+def compare_with_original(name: str, original, event, written, new_path) -> str:
     """How a re-run compares with the file it was made from: the fields the options changed,
     or identical pixels, or the PSNR and what of the environment differs (a different device
     or library version explains it)."""
@@ -443,8 +443,13 @@ def compare_with_original(name: str, original, event, written) -> str:
 
     import numpy as np
 
+    from studio.store.export import as_stored
+
     a, meta = original  # decoded before the new file was written (it may replace it)
-    b = written  # the new file decoded the same way (MP4 is lossy on both sides alike)
+    # the new frames as the original's format stores them (H.264 and GIF are lossy), so the
+    # comparison is like for like whatever format the new file has
+    b = written if Path(name).suffix.lower() == Path(new_path).suffix.lower() else as_stored(
+        event.frames, Path(name).suffix, event.fps)
     old, new = dict(meta["request"]), json.loads(event.request_json)
     changed = sorted(k for k in set(old) | set(new)
                      if k not in ("schema", "model_hash") and old.get(k) != new.get(k))

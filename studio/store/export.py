@@ -15,6 +15,7 @@ Metadata:
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
@@ -69,7 +70,6 @@ def check_output_path(out: str | Path, inputs: Sequence[str | Path | None] = ())
         ValueError: the problem, naming ``out`` as given.
     """
     import os
-    import tempfile
 
     if not str(out).strip():
         raise ValueError("out='': give a file name such as result.png")
@@ -262,6 +262,29 @@ def _write_mp4(path: str, frames: np.ndarray, fps: float, comment: str) -> None:
     with H264Writer(path, w, h, fps, comment) as writer:
         for frame in frames:
             writer.write(frame)
+
+
+def as_stored(frames: np.ndarray, suffix: str, fps: float) -> np.ndarray:
+    """``frames`` as a file of ``suffix`` would decode them: unchanged for the lossless PNG
+    and WebP, through a temporary file for H.264 MP4 and palette GIF. Lets a re-run be
+    compared exactly with the file it was made from, whatever the new file's format.
+
+    Args:
+        frames: uint8 (F, H, W, 3).
+        suffix: ``.png``, ``.webp``, ``.gif`` or ``.mp4`` (case-insensitive).
+        fps: frames per second (MP4 and GIF).
+    Returns:
+        uint8 (F, H, W, 3).
+    Raises:
+        ValueError: an unknown suffix (see :func:`check_suffix`).
+    """
+    suffix = check_suffix(f"x{suffix}", len(frames))
+    if suffix in (".png", ".webp"):
+        return np.asarray(frames)
+    with tempfile.TemporaryDirectory(prefix="studio-as-stored-") as folder:
+        path = Path(folder) / f"frames{suffix}"
+        write_result(path, np.ascontiguousarray(frames), fps, "{}")
+        return read_frames(path)
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from studio.store.export import playback_fps, read_frames, write_result
+from studio.store.export import as_stored, playback_fps, read_frames, write_result
 
 
 @pytest.mark.parametrize("suffix", [".gif", ".webp"])
@@ -30,3 +30,18 @@ def test_fast_gifs_are_written_at_most_at_50_fps(tmp_path):
         assert im.info["duration"] == 20
     assert playback_fps(".gif", 120.0) == 50.0
     assert playback_fps(".webp", 120.0) == 100.0
+
+
+@pytest.mark.parametrize("suffix", [".mp4", ".gif", ".webp"])
+def test_as_stored_is_what_a_file_of_that_format_decodes_to(tmp_path, suffix):
+    # odd size: MP4 pads to even sides; the noise makes H.264 and the GIF palette lossy
+    frames = np.random.default_rng(3).integers(0, 256, (3, 17, 23, 3), dtype=np.uint8)
+    path = write_result(tmp_path / f"v{suffix}", frames, 8.0, "{}")
+    stored = as_stored(frames, suffix.upper(), 8.0)
+    assert np.array_equal(stored, read_frames(path))
+    assert np.array_equal(stored, frames) == (suffix == ".webp")
+
+
+def test_as_stored_refuses_an_unknown_format():
+    with pytest.raises(ValueError, match="out="):
+        as_stored(np.zeros((1, 8, 8, 3), np.uint8), ".bmp", 8.0)
