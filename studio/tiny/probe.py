@@ -235,6 +235,69 @@ def conditioning_sensitivity(probe: DenoiserProbe, *, scenes: int = 48, seed: in
     return result
 
 
+#: (colour, shape, background) of the placement probe's prompts: solid backgrounds, where
+#: only the caption (not a texture) can say where the object goes
+PLACEMENT_OBJECTS = (("red", "circle", "white"), ("blue", "square", "beige"),
+                     ("black", "star", "white"), ("yellow", "triangle", "teal"))
+PLACEMENT_WORDS = {"left": "on the left", "right": "on the right", "top": "at the top",
+                   "bottom": "at the bottom"}
+
+
+@torch.no_grad()
+def placement_shift(probe: DenoiserProbe, *, noise_level: float = 0.9, samples: int = 8,
+                    seed: int = 0) -> dict[str, float]:
+    """How far the position words move the object in the denoiser's first guess of the
+    image, where sampling decides the composition.
+
+    For each of :data:`PLACEMENT_OBJECTS` and each word of :data:`PLACEMENT_WORDS` ("a large
+    red circle on the left on a white background"), the denoiser predicts the clean latents
+    from ``samples`` pure-noise draws at ``noise_level`` (x̂0 = x_t - s·v, the same draws for
+    every word), the VAE decodes them, and the object's centroid is taken over the pixels
+    nearer the object's colour than the background's. The world puts the object's centre at
+    0.25 or 0.75 of the side, so a denoiser that follows the words fully moves the centroid
+    by up to 0.5 there; one that ignores them, by 0.
+
+    Returns:
+        ``{"column": cx(right) - cx(left), "row": cy(bottom) - cy(top)}``, mean over the
+        objects, in fractions of the width / height.
+    Raises:
+        ValueError: ``noise_level`` outside (0, 1] or ``samples`` below 1.
+    """
+    from studio.tiny.train import LATENT_CHANNELS, SIZE, SPATIAL
+
+    if not 0.0 < noise_level <= 1.0:
+        raise ValueError(f"noise_level: {noise_level} is outside (0, 1]")
+    if samples < 1:
+        raise ValueError(f"samples: {samples} is below 1")
+    side = SIZE // SPATIAL
+    noise = torch.randn(samples, LATENT_CHANNELS, 1, side, side,
+                        generator=torch.Generator().manual_seed(seed))
+    ys, xs = torch.meshgrid(torch.linspace(0, 1, SIZE), torch.linspace(0, 1, SIZE),
+                            indexing="ij")
+    shifts = {"column": [], "row": []}
+    transformer = probe.pipe.transformer
+    for colour, shape, background in PLACEMENT_OBJECTS:
+        obj = torch.tensor(world.COLOURS[colour], dtype=torch.float32).view(1, 3, 1, 1)
+        bg = torch.tensor(world.SOLID_BACKGROUNDS[background],
+                          dtype=torch.float32).view(1, 3, 1, 1)
+        centre = {}
+        for word, phrase in PLACEMENT_WORDS.items():
+            text = probe.encode_text([f"a large {colour} {shape} {phrase} on a {background} "
+                                      f"background"]).expand(samples, -1, -1)
+            v = transformer(hidden_states=noise, encoder_hidden_states=text,
+                            timestep=torch.full((samples,), noise_level * 1000.0),
+                            return_dict=False)[0]
+            x0 = (noise - noise_level * v) * probe.std + probe.mean
+            rgb = (probe.pipe.vae.decode(x0).sample[:, :, 0].clamp(-1, 1) + 1) * 127.5
+            weight = ((rgb - bg).norm(dim=1) > (rgb - obj).norm(dim=1)).float()
+            mass = weight.sum((1, 2)).clamp(min=1.0)
+            centre[word] = (float(((weight * xs).sum((1, 2)) / mass).mean()),
+                            float(((weight * ys).sum((1, 2)) / mass).mean()))
+        shifts["column"].append(centre["right"][0] - centre["left"][0])
+        shifts["row"].append(centre["bottom"][1] - centre["top"][1])
+    return {k: float(np.mean(v)) for k, v in shifts.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m studio.tiny.probe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -254,7 +317,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, row in report.items():
         print(f"{name:12s} relative loss increase {row['relative_increase']:+.4f}  "
               f"({row['loss']:.5f} -> {row['corrupted']:.5f})")
-    print(json.dumps({k: round(v["relative_increase"], 5) for k, v in report.items()}))
+    placement = placement_shift(probe, seed=args.seed)
+    print(f"placement    the position words move the object's first guess by "
+          f"{placement['column']:+.3f} of the width (left -> right) and "
+          f"{placement['row']:+.3f} of the height (top -> bottom); following them fully: "
+          f"up to +0.5")
+    print(json.dumps({**{k: round(v["relative_increase"], 5) for k, v in report.items()},
+                      "placement": {k: round(v, 4) for k, v in placement.items()}}))
     return 0
 
 
@@ -262,4 +331,4 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["DenoiserProbe", "SIGNALS", "conditioning_sensitivity"]
+__all__ = ["DenoiserProbe", "SIGNALS", "conditioning_sensitivity", "placement_shift"]

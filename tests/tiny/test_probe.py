@@ -48,3 +48,24 @@ def test_probe_refuses_bad_input(probe, tmp_path, capsys):
         conditioning_sensitivity(probe, scenes=4, signals=("colour", "smell"))
     assert main(["--model", str(tmp_path)]) == 2
     assert "not an exported model folder" in capsys.readouterr().err
+
+
+def test_placement_shift_reads_the_rows_the_denoiser_follows(probe):
+    from studio.tiny.probe import placement_shift
+
+    shift = placement_shift(probe, samples=2)
+    # the shipped denoiser places rows by the caption (world centres: 0.25 / 0.75)
+    assert 0.1 < shift["row"] <= 0.6, shift
+    assert -0.6 <= shift["column"] <= 0.6, shift
+
+
+def test_placement_shift_is_zero_without_the_words(probe, monkeypatch):
+    from studio.tiny.probe import placement_shift
+
+    monkeypatch.setattr(probe, "encode_text",
+                        lambda captions: torch.zeros(len(captions), probe.text_len, 64))
+    assert placement_shift(probe, samples=2) == {"column": 0.0, "row": 0.0}
+    with pytest.raises(ValueError, match="noise_level"):
+        placement_shift(probe, noise_level=0.0)
+    with pytest.raises(ValueError, match="samples"):
+        placement_shift(probe, samples=0)
