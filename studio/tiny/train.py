@@ -400,7 +400,9 @@ def step_mix(reference_share: float = 0.18) -> dict[str, float]:
 class DenoiserTask(TrainTask):
     """Flow matching (rectified flow) of the Wan denoiser and the text encoder on VAE latents.
 
-    x_t = (1 - s) x_0 + s e with s ~ sigmoid(N(0, 1)) (logit-normal, as in SD3), target
+    x_t = (1 - s) x_0 + s e with s ~ sigmoid(N(m, 1)) (logit-normal, as in SD3; ``m``:
+    ``noise_level_mean``, 0 by default, > 0 weighs the high noise levels where sampling
+    decides the composition more), target
     e - x_0, timestep s * 1000: exactly what ``FlowMatchEulerDiscreteScheduler`` integrates.
     Step kinds: images (one latent frame), clips (three latent frames; 40 % of them
     image-to-video: the first latent frame clean with timestep 0, as Wan 2.2 TI2V's
@@ -423,10 +425,13 @@ class DenoiserTask(TrainTask):
 
     def __init__(self, device: torch.device, vae, *, image_batch: int = 48,
                  clip_batch: int = 12, ema_decay: float = 0.999, pool: bool = False,
-                 reference_share: float = 0.18):
+                 reference_share: float = 0.18, noise_level_mean: float = 0.0):
         import copy
 
         step_kinds = step_mix(reference_share)  # bad input fails before anything is built
+        if not -3.0 <= noise_level_mean <= 3.0:
+            raise ValueError(f"noise_level_mean={noise_level_mean}: must be in [-3, 3]")
+        self.noise_level_mean = noise_level_mean
         self.device = device
         self.vae = vae.to(device).eval().requires_grad_(False)
         self.tokenizer, self.text_encoder = build_text_stack()
@@ -504,7 +509,7 @@ class DenoiserTask(TrainTask):
         # pixels (uint8) are encoded here; the latent pool hands latents over directly
         x0 = pixels if torch.is_tensor(pixels) else self.encode_pixels(pixels)  # (B,C,f,h,w)
         b = x0.shape[0]
-        s = torch.sigmoid(torch.randn(b, generator=gen)).to(self.device)
+        s = torch.sigmoid(torch.randn(b, generator=gen) + self.noise_level_mean).to(self.device)
         noise = torch.randn(x0.shape, generator=gen).to(self.device)
         ref = None
         if refs is not None:
@@ -875,6 +880,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference-share", type=float, default=0.18,
                         help="dit: share of steps on reference-to-video clips (default 0.18; "
                              "images and clips share the rest 45 : 37)")
+    parser.add_argument("--noise-level-mean", type=float, default=0.0,
+                        help="dit: location of the logit-normal noise-level draw (0: s "
+                             "centred on 0.5; 1: more high-noise steps)")
     parser.add_argument("--no-pool", action="store_true",
                         help="dit: encode every batch afresh instead of the latent pool")
     args = parser.parse_args(argv)
@@ -943,7 +951,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     vae = load_trained_vae(out, device)
     task = DenoiserTask(device, vae, pool=args.stage == "dit" and not args.no_pool,
-                        reference_share=args.reference_share)
+                        reference_share=args.reference_share,
+                        noise_level_mean=args.noise_level_mean)
     if args.stage == "dit":
         config = TrainConfig(lr=args.lr or 6e-4, warmup_steps=300, total_steps=args.total_steps or 30000,
                              seed=args.seed, checkpoint_every_s=args.checkpoint_every,

@@ -99,6 +99,28 @@ def test_reference_share_sets_the_step_mix():
     assert 80 <= refs <= 120  # about half, against 18 % by default
 
 
+def test_noise_level_mean_moves_the_noise_levels_drawn(monkeypatch):
+    import studio.tiny.train as train_module
+
+    with pytest.raises(ValueError, match="noise_level_mean="):
+        DenoiserTask(torch.device("cpu"), None, noise_level_mean=4.0)
+    torch.manual_seed(0)
+    task = DenoiserTask(torch.device("cpu"), build_vae(), image_batch=64, clip_batch=1)
+    drawn = []
+    monkeypatch.setattr(train_module, "flow_matching_loss",
+                        lambda *a, **k: drawn.append(a[4]) or torch.zeros(()))
+    batch = next(b for b in (task.batch(np.random.default_rng(i)) for i in range(50))
+                 if b[1].ndim == 4)  # an image batch: 64 noise levels drawn
+    medians = {}
+    for mean in (0.0, 1.0):
+        task.noise_level_mean = mean
+        task.loss(batch, torch.Generator().manual_seed(3))
+        medians[mean] = float(drawn[-1].median())
+    # logit-normal: the median is sigmoid(mean) (64 draws: within a few hundredths)
+    assert abs(medians[0.0] - 0.5) < 0.12 and abs(medians[1.0] - 0.731) < 0.12, medians
+    assert medians[1.0] > medians[0.0]
+
+
 def test_latent_pool_batches_are_latents_of_every_kind():
     from studio.tiny.train import LatentPool
 
