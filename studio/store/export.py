@@ -61,8 +61,8 @@ def _metadata_blob(request_json: str, environment: dict[str, Any] | None) -> str
 
 
 def check_output_path(out: str | Path, inputs: Sequence[str | Path | None] = ()) -> Path:
-    """The output file, checked before any work: not empty, not a folder, not one of the
-    inputs, and its folder writable (missing folders are not created here, only when the
+    """The output file, checked before any work: not empty, not a folder, not a read-only
+    file, not one of the inputs, and its folder writable (missing folders are not created here, only when the
     result is written: a refused request changes nothing on disk). The CLI and the studio's exports
     word these problems alike.
 
@@ -83,6 +83,9 @@ def check_output_path(out: str | Path, inputs: Sequence[str | Path | None] = ())
     if path.is_dir():
         raise ValueError(f"out={str(out)!r}: is a folder; give a file name such as "
                          f"{path / 'a.png'}")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"out={str(out)!r}: the file exists and is read-only; choose another "
+                         f"name or make it writable")
     resolved = path.resolve()
     for given in inputs:
         if given and Path(given).expanduser().resolve() == resolved:

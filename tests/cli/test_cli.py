@@ -173,7 +173,7 @@ def test_a_bad_studio_attention_is_bad_input(tmp_path, capsys, monkeypatch, valu
     assert len(err.strip().splitlines()) == 1 and not out.exists()
 
 
-def test_output_problems_are_found_before_model_work(tmp_path, capsys):
+def test_output_problems_are_found_before_model_work(tmp_path, capsys, monkeypatch):
     folder = tmp_path / "existing.png"
     folder.mkdir()
     code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--out", folder)
@@ -184,6 +184,17 @@ def test_output_problems_are_found_before_model_work(tmp_path, capsys):
                                  "--out", init)
     assert code == 2 and "is also an input" in err
     assert init.read_bytes() == (CASES / "002-init-image-modes" / "palette.png").read_bytes()
+    # a read-only file is refused before any model work (as root, os.access says every file
+    # is writable, so the check is made to see what a user account sees)
+    import os
+
+    locked = tmp_path / "locked.png"
+    locked.write_bytes(b"keep me")
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == locked
+                        else real_access(p, mode, **kw))
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--out", locked)
+    assert code == 2 and "read-only" in err and locked.read_bytes() == b"keep me"
 
 
 def test_the_fit_to_the_model_is_recorded_in_the_request(tmp_path, capsys):
