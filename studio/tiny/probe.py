@@ -298,6 +298,84 @@ def placement_shift(probe: DenoiserProbe, *, noise_level: float = 0.9, samples: 
     return {k: float(np.mean(v)) for k, v in shifts.items()}
 
 
+@torch.no_grad()
+def position_awareness(probe: DenoiserProbe, *, noise_level: float = 0.95, samples: int = 96,
+                       seed: int = 0) -> dict[str, dict[str, float]]:
+    """How well each layer of the denoiser knows its tokens' absolute row and column, from
+    pure noise, where nothing in the input says where a token is.
+
+    Wan's denoiser has no absolute position embedding: 3D RoPE (Su et al., "RoFormer", 2021)
+    gives attention only relative offsets, and a pure-noise input is the same at every
+    position in distribution. A token can tell where it is only from the frame's edges (the
+    offsets that exist around it), and it has to know that before a word such as "left" can
+    move the object there. For each hook point (the patch embedding, then each block's
+    output) a linear probe (least squares on one-hot targets, ridge 1e-3) is fitted on the
+    tokens of the first half of the noise draws to predict each token's row index and
+    column index, and scored on the second half. Chance is 1 / tokens per side (1/8 at
+    64 x 64); the patch embedding reads at chance by construction, which shows the probe
+    cannot find a position that is not there.
+
+    Args:
+        probe: the model.
+        noise_level: s of the pure-noise input (timestep ``1000 s``), in (0, 1].
+        samples: noise draws (an image each), >= 4 and even.
+        seed: the noise draws.
+
+    Returns:
+        ``{hook: {"row": accuracy, "column": accuracy}}``, hooks ``"embed"``, ``"block0"``,
+        ... in order, accuracies in [0, 1] on held-out draws.
+
+    Raises:
+        ValueError: ``noise_level`` outside (0, 1], or ``samples`` below 4 or odd.
+    """
+    from studio.tiny.train import LATENT_CHANNELS, SIZE, SPATIAL
+
+    if not 0.0 < noise_level <= 1.0:
+        raise ValueError(f"noise_level: {noise_level} is outside (0, 1]")
+    if samples < 4 or samples % 2:
+        raise ValueError(f"samples: {samples} must be even and at least 4")
+    transformer = probe.pipe.transformer
+    _, ph, pw = transformer.config.patch_size
+    side = SIZE // SPATIAL
+    rows_n, cols_n = side // ph, side // pw
+    noise = torch.randn(samples, LATENT_CHANNELS, 1, side, side,
+                        generator=torch.Generator().manual_seed(seed))
+    text = probe.encode_text(["a large red circle on a white background"]).expand(samples, -1, -1)
+    features: dict[str, torch.Tensor] = {}
+
+    def keep(name):
+        def hook(module, inputs, output):
+            out = output[0] if isinstance(output, tuple) else output
+            features[name] = out.flatten(2).transpose(1, 2) if out.ndim == 5 else out
+        return hook
+
+    handles = [transformer.patch_embedding.register_forward_hook(keep("embed"))]
+    handles += [block.register_forward_hook(keep(f"block{k}"))
+                for k, block in enumerate(transformer.blocks)]
+    try:
+        transformer(hidden_states=noise, encoder_hidden_states=text,
+                    timestep=torch.full((samples,), noise_level * 1000.0), return_dict=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    # tokens are (frame, row, column) in row-major order
+    row = torch.arange(rows_n).repeat_interleave(cols_n).repeat(samples)
+    column = torch.arange(cols_n).repeat(rows_n).repeat(samples)
+    half = samples // 2 * rows_n * cols_n
+    result = {}
+    for name, feats in features.items():
+        x = feats.reshape(-1, feats.shape[-1]).double()
+        x = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], 1)
+        gram = x[:half].T @ x[:half] + 1e-3 * torch.eye(x.shape[1], dtype=x.dtype)
+        scores = {}
+        for axis, label, classes in (("row", row, rows_n), ("column", column, cols_n)):
+            target = torch.nn.functional.one_hot(label, classes).double()
+            weights = torch.linalg.solve(gram, x[:half].T @ target[:half])
+            scores[axis] = float(((x[half:] @ weights).argmax(1) == label[half:]).double().mean())
+        result[name] = scores
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m studio.tiny.probe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -322,8 +400,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{placement['column']:+.3f} of the width (left -> right) and "
           f"{placement['row']:+.3f} of the height (top -> bottom); following them fully: "
           f"up to +0.5")
+    awareness = position_awareness(probe, seed=args.seed)
+    print("awareness    each layer's linear read of its tokens' row / column from pure noise "
+          "(chance 0.125): " + ", ".join(f"{k} {v['row']:.2f}/{v['column']:.2f}"
+                                         for k, v in awareness.items()))
     print(json.dumps({**{k: round(v["relative_increase"], 5) for k, v in report.items()},
-                      "placement": {k: round(v, 4) for k, v in placement.items()}}))
+                      "placement": {k: round(v, 4) for k, v in placement.items()},
+                      "awareness": {k: {a: round(x, 3) for a, x in v.items()}
+                                    for k, v in awareness.items()}}))
     return 0
 
 
@@ -331,4 +415,5 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["DenoiserProbe", "SIGNALS", "conditioning_sensitivity", "placement_shift"]
+__all__ = ["DenoiserProbe", "SIGNALS", "conditioning_sensitivity", "placement_shift",
+           "position_awareness"]

@@ -883,6 +883,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--noise-level-mean", type=float, default=0.0,
                         help="dit: location of the logit-normal noise-level draw (0: s "
                              "centred on 0.5; 1: more high-noise steps)")
+    parser.add_argument("--gradient-tilt", type=float, default=None,
+                        help="dit: train on a world whose sky gradients put this share of "
+                             "their change down the height (world.GRADIENT_TILT, 0.6; lower "
+                             "gives columns the stronger cue)")
     parser.add_argument("--no-pool", action="store_true",
                         help="dit: encode every batch afresh instead of the latent pool")
     args = parser.parse_args(argv)
@@ -893,6 +897,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--motion-weight must be at least 0, got {args.motion_weight}")
     if not 0 <= args.reference_share < 1:
         parser.error(f"--reference-share must be in [0, 1), got {args.reference_share}")
+    if args.gradient_tilt is not None and not 0 <= args.gradient_tilt <= 1:
+        parser.error(f"--gradient-tilt must be in [0, 1], got {args.gradient_tilt}")
     if args.lr is not None and not 0 < args.lr <= 0.1:
         parser.error(f"--lr must be in (0, 0.1], got {args.lr}")
     if not 0 <= args.adversarial_weight <= 10:
@@ -950,6 +956,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"step": state["step"], **task.evaluate()}))
         return 0
     vae = load_trained_vae(out, device)
+    tilt = args.gradient_tilt if args.stage == "dit" else None
+    with world.gradient_tilt(world.GRADIENT_TILT if tilt is None else tilt):
+        if tilt is not None:
+            print(f"[dit] world.GRADIENT_TILT = {tilt}", file=sys.stderr, flush=True)
+        return _denoiser_stage(args, out, device, vae, stop)
+
+
+def _denoiser_stage(args, out: Path, device, vae, stop) -> int:
     task = DenoiserTask(device, vae, pool=args.stage == "dit" and not args.no_pool,
                         reference_share=args.reference_share,
                         noise_level_mean=args.noise_level_mean)

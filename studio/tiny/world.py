@@ -101,6 +101,7 @@ says "stays still"). ``VOCABULARY`` lists every word a caption can contain.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import re
@@ -402,6 +403,24 @@ def _boxes_apart(a: ObjectSpec, b: ObjectSpec, gap: float = MIN_GAP) -> bool:
 #: time, even on solid backgrounds, and in the right column at chance (32 %): it ignored
 #: "left" and "right". The width component gives it the same cue across.
 GRADIENT_TILT = 0.6
+
+
+@contextlib.contextmanager
+def gradient_tilt(tilt: float) -> Iterator[None]:
+    """Render sky gradients with ``GRADIENT_TILT = tilt`` inside the block (a training
+    experiment: a lower tilt gives columns the stronger positional cue), restored after.
+
+    Raises:
+        ValueError: ``tilt`` outside [0, 1].
+    """
+    global GRADIENT_TILT
+    if not 0.0 <= tilt <= 1.0:
+        raise ValueError(f"gradient tilt {tilt}: must be in [0, 1]")
+    before, GRADIENT_TILT = GRADIENT_TILT, tilt
+    try:
+        yield
+    finally:
+        GRADIENT_TILT = before
 
 
 def _gradient(top: tuple[int, int, int], bottom: tuple[int, int, int], height: int,

@@ -69,3 +69,19 @@ def test_placement_shift_is_zero_without_the_words(probe, monkeypatch):
         placement_shift(probe, noise_level=0.0)
     with pytest.raises(ValueError, match="samples"):
         placement_shift(probe, samples=0)
+
+
+def test_position_awareness_finds_what_the_layers_know_and_nothing_in_the_embedding(probe):
+    from studio.tiny.probe import position_awareness
+
+    aware = position_awareness(probe, samples=16)
+    assert list(aware)[:2] == ["embed", "block0"] and len(aware) == 7
+    # a pure-noise patch embedding holds no position: the probe reads chance (1/8) there
+    assert aware["embed"]["row"] < 0.25 and aware["embed"]["column"] < 0.25, aware
+    # the shipped denoiser knows its rows from the frame's edges by its last block
+    assert aware["block5"]["row"] > 0.9, aware
+    assert aware["block5"]["column"] > 0.3, aware
+    with pytest.raises(ValueError, match="samples"):
+        position_awareness(probe, samples=5)
+    with pytest.raises(ValueError, match="noise_level"):
+        position_awareness(probe, noise_level=1.5)

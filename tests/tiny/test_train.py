@@ -220,6 +220,7 @@ def test_wider_decoder_trains_on_the_frozen_encoder_and_is_loaded_after(tmp_path
     (["decoder", "--adversarial-weight", "-1"], "--adversarial-weight must be in [0, 10]"),
     (["decoder", "--init-decoder"], "--init-decoder needs --decoder-dir other than"),
     (["dit", "--reference-share", "1"], "--reference-share must be in [0, 1)"),
+    (["dit", "--gradient-tilt", "1.5"], "--gradient-tilt must be in [0, 1]"),
 ])
 def test_trainer_refuses_bad_arguments_before_loading_anything(tmp_path, capsys, argv, message):
     from studio.tiny.train import main

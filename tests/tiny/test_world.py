@@ -255,3 +255,22 @@ def test_import_is_light():
     code = ("import sys; import studio.tiny.world, studio.tiny.evaluate; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_gradient_tilt_turns_the_sky_gradient_for_the_block_only():
+    """Inside ``gradient_tilt(0.0)`` the sky changes across the width only; after it the
+    module's tilt (most of the change down the height) is back, and a bad tilt is refused."""
+    before = w.GRADIENT_TILT
+    with w.gradient_tilt(0.0):
+        sky = w.render_background("sky", 32, 32)
+        assert np.abs(np.diff(sky, axis=0)).max() == 0  # no change down the height
+        assert np.abs(np.diff(sky, axis=1)).max() > 0
+    assert w.GRADIENT_TILT == before
+    sky = w.render_background("sky", 32, 32)
+    down = np.abs(sky[-1] - sky[0]).mean()
+    across = np.abs(sky[:, -1] - sky[:, 0]).mean()
+    assert down > across > 0
+    with pytest.raises(ValueError, match="gradient tilt"):
+        with w.gradient_tilt(1.2):
+            pass
+    assert w.GRADIENT_TILT == before
