@@ -44,7 +44,7 @@ SCALE = 2
 def render(args: list[str]) -> None:
     from studio.cli import main as cli_main
 
-    code = cli_main(["render", "--seed", str(SEED), *args])
+    code = cli_main(["render", "--seed", str(SEED), "--overwrite", *args])
     if code:
         raise SystemExit(f"render failed ({code}): {args}")
 

@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(other options override it; input images must be given again)")
     r.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     r.add_argument("--out", required=True, help="output file: .png, .mp4, .gif or .webp")
+    r.add_argument("--overwrite", action="store_true",
+                   help="replace --out when it exists (otherwise an existing file is refused: "
+                        "a studio output carries the request that made it)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
 
     m = sub.add_parser("models", help="list the models the studio can see")
@@ -381,6 +384,9 @@ def cmd_render(args) -> int:
     check_model_folders(args.model_folder)
     out_path = check_output_path(args.out, [args.init_image, args.mask, args.first_frame,
                                             args.from_file, *args.reference])
+    if out_path.exists() and not args.overwrite:
+        raise BadInput(f"out={args.out!r}: the file exists; pass --overwrite to replace it, "
+                       f"or choose another name")
     registry = ModelRegistry(args.model_folder)
     request, pixels, notes = build_request(args, registry)
     try:

@@ -195,6 +195,16 @@ def test_output_problems_are_found_before_model_work(tmp_path, capsys, monkeypat
                         else real_access(p, mode, **kw))
     code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--out", locked)
     assert code == 2 and "read-only" in err and locked.read_bytes() == b"keep me"
+    # an existing output is a result (it carries its request): replaced only on --overwrite
+    kept = tmp_path / "kept.png"
+    kept.write_bytes(b"an earlier result")
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--out", kept)
+    assert code == 2 and "the file exists; pass --overwrite" in err
+    assert kept.read_bytes() == b"an earlier result"
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--steps", "1",
+                                 "--overwrite", "--out", kept)
+    assert code == 0, err
+    assert read_metadata(kept)["request"]["prompt"] == "x"
 
 
 def test_the_fit_to_the_model_is_recorded_in_the_request(tmp_path, capsys):
