@@ -26,7 +26,7 @@ def render_samples() -> int:
                   "--seed", "7", "--out", str(out / "sample.png")],
                  ["--mode", "t2v", "--prompt", "a blue circle slides to the right across a "
                   "night sky", "--seed", "7", "--out", str(out / "sample.mp4")]):
-        code = cli_main(["render", *args])
+        code = cli_main(["render", "--overwrite", *args])  # its own samples, made again
         if code:
             return code
     print(f"samples are in {out}")

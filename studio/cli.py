@@ -106,8 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--fps", type=_positive_float, default=None, help="video frames per second")
     r.add_argument("--init-image", default=None, help="image-to-image: the starting image")
     r.add_argument("--strength", type=_positive_float, default=None,
-                   help="image-to-image: how much to change, above 0 up to 1 (default 0.8); "
-                        "steps x strength steps are run")
+                   help="image-to-image: how much to change, in [0, 1] (default 0.8); "
+                        "steps x strength steps are run, and must be at least one")
     r.add_argument("--mask", default=None, help="image-to-image: white = repaint")
     r.add_argument("--first-frame", default=None, help="image-to-video: the first frame")
     r.add_argument("--reference", action="append", default=[],
@@ -121,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", required=True, help="output file: .png, .mp4, .gif or .webp")
     r.add_argument("--overwrite", action="store_true",
                    help="replace --out when it exists (otherwise an existing file is refused: "
-                        "a studio output carries the request that made it)")
+                        "a studio output carries the request that made it); a link is "
+                        "followed and its target replaced")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
 
     m = sub.add_parser("models", help="list the models the studio can see")
@@ -452,15 +453,15 @@ def compare_with_original(name: str, original, event, written, new_path) -> str:
     from studio.store.export import as_stored
 
     a, meta = original  # decoded before the new file was written (it may replace it)
+    old, new = dict(meta["request"]), json.loads(event.request_json)
+    changed = sorted(k for k in set(old) | set(new)
+                     if k not in ("schema", "model_hash") and old.get(k) != new.get(k))
+    if changed:  # a changed request (an image re-run as a video, say) has nothing to compare
+        return f"re-ran the request of {name} with changes to: {', '.join(changed)}"
     # the new frames as the original's format stores them (H.264 and GIF are lossy), so the
     # comparison is like for like whatever format the new file has
     b = written if Path(name).suffix.lower() == Path(new_path).suffix.lower() else as_stored(
         event.frames, Path(name).suffix, event.fps)
-    old, new = dict(meta["request"]), json.loads(event.request_json)
-    changed = sorted(k for k in set(old) | set(new)
-                     if k not in ("schema", "model_hash") and old.get(k) != new.get(k))
-    if changed:
-        return f"re-ran the request of {name} with changes to: {', '.join(changed)}"
     environment = event.environment
     if a.shape != b.shape:
         return f"reproduced {name}: different shape {a.shape} -> {b.shape}"
@@ -529,6 +530,12 @@ def _main(args: argparse.Namespace) -> int:
     for noisy in ("diffusers", "transformers"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     try:
+        from studio.paths import user_dir
+
+        try:
+            user_dir()  # settings and logs: a bad STUDIO_HOME is bad input, not a traceback
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
         if args.command == "render":
             return cmd_render(args)
         return cmd_models(args)

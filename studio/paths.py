@@ -8,6 +8,7 @@ the user puts them. Nothing is created at import time.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -17,14 +18,28 @@ ASSETS = REPO_ROOT / "assets"
 
 
 def user_dir() -> Path:
-    """The studio's user folder (created on first use)."""
+    """The studio's user folder (created on first use).
+
+    Raises:
+        ValueError: the folder cannot be created or is not a folder, naming the variable
+            that chose it (``STUDIO_HOME``, ``XDG_DATA_HOME`` or the home folder).
+    """
     env = os.environ.get("STUDIO_HOME")
     if env:
-        path = Path(env)
+        path, source = Path(env).expanduser(), f"STUDIO_HOME={env!r}"
     else:
-        base = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
+        xdg = os.environ.get("XDG_DATA_HOME")
+        base = xdg or os.path.join(Path.home(), ".local", "share")
         path = Path(base) / "diffusion-studio"
-    path.mkdir(parents=True, exist_ok=True)
+        source = f"XDG_DATA_HOME={xdg!r}" if xdg else f"the home folder {str(Path.home())!r}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(13, "not writable")
+    except OSError as exc:
+        raise ValueError(f"{source}: cannot use {path} as the studio's folder for settings and "
+                         f"logs ({exc.strerror or exc}); set STUDIO_HOME to a writable "
+                         f"folder") from None
     return path
 
 
@@ -64,7 +79,12 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
                                dir=dest.parent)
     os.close(fd)
     try:
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are ordinary user files
+        # mkstemp makes 0600; results are ordinary user files, and a replaced file keeps its
+        # permissions
+        mode = 0o644
+        if dest.is_file():
+            mode = stat.S_IMODE(dest.stat().st_mode)
+        os.chmod(tmp, mode)
         write(tmp)
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())

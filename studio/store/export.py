@@ -61,10 +61,11 @@ def _metadata_blob(request_json: str, environment: dict[str, Any] | None) -> str
 
 
 def check_output_path(out: str | Path, inputs: Sequence[str | Path | None] = ()) -> Path:
-    """The output file, checked before any work: not empty, not a folder, not a read-only
-    file, not one of the inputs, and its folder writable (missing folders are not created here, only when the
-    result is written: a refused request changes nothing on disk). The CLI and the studio's exports
-    word these problems alike.
+    """The output file, checked before any work: not empty, not a folder, not a device, pipe
+    or socket, not a read-only file, not one of the inputs (a link stands for its target,
+    which is what is returned and written), and its folder writable (missing folders are
+    not created here, only when the result is written: a refused request changes nothing on
+    disk). The CLI and the studio's exports word these problems alike.
 
     Raises:
         ValueError: the problem, naming ``out`` as given.
@@ -80,9 +81,14 @@ def check_output_path(out: str | Path, inputs: Sequence[str | Path | None] = ())
                          f"{len(os.fsencode(too_long[0]))} bytes long; at most 255 are allowed")
     if len(os.fsencode(str(path))) >= 4096:
         raise ValueError(f"out={str(out)[:60]!r}...: the path is longer than 4095 bytes")
+    if path.is_symlink():  # written through: its target is replaced, the link kept (as cp)
+        path = path.resolve()
     if path.is_dir():
         raise ValueError(f"out={str(out)!r}: is a folder; give a file name such as "
                          f"{path / 'a.png'}")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"out={str(out)!r}: exists and is not a regular file (a device, a "
+                         f"pipe or a socket); choose a file name")
     if path.exists() and not os.access(path, os.W_OK):
         raise ValueError(f"out={str(out)!r}: the file exists and is read-only; choose another "
                          f"name or make it writable")

@@ -190,7 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 1
-    _setup_logging()
+    try:
+        _setup_logging()
+    except ValueError as exc:  # an unusable STUDIO_HOME: said in one line, before any window
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setOrganizationName("Diffusion Studio")
     app.setApplicationName("Diffusion Studio")

@@ -207,6 +207,54 @@ def test_output_problems_are_found_before_model_work(tmp_path, capsys, monkeypat
     assert read_metadata(kept)["request"]["prompt"] == "x"
 
 
+def test_overwrite_keeps_permissions_writes_through_links_and_spares_devices(tmp_path, capsys):
+    import os
+    import stat
+
+    target = tmp_path / "target.png"
+    target.write_bytes(b"an earlier result")
+    os.chmod(target, 0o640)
+    link = tmp_path / "link.png"
+    link.symlink_to(target)
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--steps", "1",
+                                 "--overwrite", "--out", link)
+    assert code == 0, err
+    assert link.is_symlink() and read_metadata(target)["request"]["prompt"] == "x"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--overwrite", "--out", fifo)
+    assert code == 2 and "is not a regular file" in err and stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_an_unusable_studio_home_is_bad_input(tmp_path, capsys, monkeypatch):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    monkeypatch.setenv("STUDIO_HOME", str(a_file / "home"))
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--out", tmp_path / "o.png")
+    assert code == 2 and err.startswith("error: STUDIO_HOME=") and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o.png").exists()
+
+
+def test_an_image_re_run_as_a_video_says_what_changed(tmp_path, capsys):
+    png, gif = tmp_path / "a.png", tmp_path / "b.gif"
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--steps", "1", "--out", png)
+    assert code == 0, err
+    code, out, err = studio_inproc(capsys, "render", "--from", png, "--mode", "t2v", "--steps",
+                                   "1", "--out", gif)
+    assert code == 0, err
+    assert "with changes to:" in out and "mode" in out and gif.exists()
+
+
+def test_samples_replace_their_own_earlier_samples(monkeypatch):
+    import studio.__main__ as entry
+
+    calls = []
+    monkeypatch.setattr("studio.cli.main", lambda argv: calls.append(argv) or 0)
+    assert entry.render_samples() == 0
+    assert len(calls) == 2 and all("--overwrite" in argv for argv in calls)
+
+
 def test_the_fit_to_the_model_is_recorded_in_the_request(tmp_path, capsys):
     out = tmp_path / "o.png"
     code, _, err = studio_inproc(capsys, "render", "--init-image",

@@ -222,6 +222,20 @@ def test_without_a_display_the_studio_says_what_to_do_instead(tmp_path):
     assert not (tmp_path / "project").exists()
 
 
+def test_an_unusable_studio_home_stops_the_studio_with_one_line(tmp_path):
+    import os
+
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", STUDIO_HOME=str(a_file / "home"),
+               HOME=str(tmp_path / "home"), PYTHONPATH=str(REPO))
+    result = subprocess.run([sys.executable, "-m", "studio", str(tmp_path / "project")],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "error: STUDIO_HOME=" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "project").exists()
+
+
 def test_a_project_that_cannot_open_is_said_in_a_box_that_a_stop_closes(tmp_path, loop,
                                                                        settings, capsys):
     """The box does not block the loop: closing it returns 1; cancelling the session (what
