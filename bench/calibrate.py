@@ -25,7 +25,11 @@ cpu`` then times the chosen profiles end to end, with the peers and adherence. W
 :func:`studio.engine.profiles.levers_for`); a re-exported model must be
 calibrated again. Writes ``bench/results/<date>-calibrate.json``.
 
-    python -m bench calibrate [--write] [--prompts 6] [--guidance-reuse]
+    python -m bench calibrate [--write] [--prompts 6] [--guidance-reuse] [--resume]
+
+``--resume`` keeps the rows of today's result file that were measured on the same weights
+(training step) and prompts, and measures only the settings it lacks (a grid grown since,
+or a run cut off: rows are written as they are measured).
 
 The method being tuned: our forecast step cache (``studio/engine/caching/step_cache.py``),
 after TeaCache (Liu et al., 2024: accumulate a cheap change signal, recompute past a
@@ -54,7 +58,7 @@ FLOORS = {"quality": 0.98, "balanced": 0.95, "fast": 0.90}
 THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.2, 2.0)
 # the output signal's error budget is a forecast error weighted by the step's share of the
 # trajectory: another scale
-OUTPUT_THRESHOLDS = (0.001, 0.002, 0.004, 0.007, 0.01, 0.015, 0.02, 0.03)
+OUTPUT_THRESHOLDS = (0.0003, 0.0005, 0.001, 0.002, 0.004, 0.007, 0.01, 0.015, 0.02, 0.03)
 MAX_SKIPS = (1, 2, 4)
 ORDERS = (1,)  # order 2 never won a sweep here (2026-11-30) and doubles its cost
 MAX_SKIPS_WITH_REUSE = (2, 4)
@@ -96,6 +100,50 @@ def choose(rows: list[dict]) -> dict[str, dict | None]:
     return chosen
 
 
+def _result_path() -> Path:
+    return ROOT / "bench" / "results" / f"{time.strftime('%Y-%m-%d')}-calibrate.json"
+
+
+def _row_key(row: dict) -> str:
+    return json.dumps({k: row[k] for k in ("signal", "threshold", "max_consecutive_skips",
+                                           "order", "warmup_steps", "guidance_reuse")},
+                      sort_keys=True)
+
+
+def _earlier_rows(prompts: list[str]) -> dict[str, dict]:
+    """Today's rows by setting, when they were measured on these weights and prompts."""
+    path = _result_path()
+    if not path.exists():
+        return {}
+    earlier = json.loads(path.read_text())
+    step = json.loads((EMBEDDED / "studio.json").read_text()).get("training_step")
+    if earlier.get("training_step") != step or earlier.get("prompts") != prompts:
+        print(f"--resume: {path.name} was measured on other weights or prompts; "
+              "measuring every setting", flush=True)
+        return {}
+    return {_row_key(r): r for r in earlier.get("rows", [])}
+
+
+def _write_result(argv: list[str], prompts: list[str], runners: dict, rows: list[dict], *,
+                  chosen: dict | None = None, partial: bool = False) -> Path:
+    """Writes the result JSON atomically (``partial``: the sweep is still running)."""
+    studio = json.loads((EMBEDDED / "studio.json").read_text())
+    result = {"command": ("python -m bench calibrate " + " ".join(argv)).strip(),
+              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.platform(),
+              "torch_threads": torch.get_num_threads(), "model": studio.get("description", ""),
+              "training_step": studio.get("training_step"), "prompts": prompts,
+              "baseline_full_denoiser_calls":
+                  runners["embedded-t2i"][0].baseline["full_denoiser_calls"],
+              "floors": FLOORS, "rows": rows, "partial": partial,
+              "chosen": chosen or {}}
+    path = _result_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(path)
+    return path
+
+
 def main(argv: list[str]) -> int:
     from studio.engine.caching import StepCacheConfig
     from studio.engine.caching.cfg_reuse import CfgReuseConfig
@@ -104,6 +152,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--prompts", type=int, default=6, help="text-to-image prompts (≥1)")
     ap.add_argument("--write", action="store_true", help="write the choice to studio.json")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    ap.add_argument("--resume", action="store_true",
+                    help="reuse today's rows measured on the same weights and prompts")
     ap.add_argument("--guidance-reuse", action="store_true",
                     help="also sweep guidance reuse (no profile took it on the 2026-11-30 "
                          "weights: worst SSIM 0.69-0.88)")
@@ -133,6 +183,7 @@ def main(argv: list[str]) -> int:
                 runner.baseline = runner.measure(Method("baseline", "baseline", "stock"))
                 runners[name].append(runner)
         rows = []
+        earlier = _earlier_rows(prompts) if args.resume else {}
         def thresholds(signal):
             return OUTPUT_THRESHOLDS if signal == "output" else THRESHOLDS
 
@@ -150,6 +201,9 @@ def main(argv: list[str]) -> int:
                    "warmup_steps": warmup, "guidance_reuse": None if reuse is None else {
                        "interval": reuse.interval, "warmup_steps": reuse.warmup_steps,
                        "order": reuse.order}}
+            if _row_key(row) in earlier:
+                rows.append(earlier[_row_key(row)])
+                continue
             for name, per_prompt in runners.items():
                 calls, ssims, psnrs = [], [], []
                 for runner in per_prompt:
@@ -165,6 +219,7 @@ def main(argv: list[str]) -> int:
             row["worst_calls"] = max(row[n]["full_denoiser_calls"] for n in runners)
             row["worst_ssim"] = min(row[n]["ssim"] for n in runners)
             rows.append(row)
+            _write_result(argv, prompts, runners, rows, partial=True)
             print(f"{signal} signal, threshold {threshold:<5} skips {skips} order {order}"
                   f"{' +reuse' if reuse else ''}: "
                   + "  ".join(f"{n} {row[n]['full_denoiser_calls']:.1f} calls SSIM "
@@ -189,16 +244,8 @@ def main(argv: list[str]) -> int:
               for p, r in chosen.items() if r is not None}
     reuse_tuning = {p: r["guidance_reuse"] for p, r in chosen.items()
                     if r is not None and r["guidance_reuse"]}
-    result = {"command": ("python -m bench calibrate " + " ".join(argv)).strip(),
-              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.platform(),
-              "torch_threads": torch.get_num_threads(), "model": studio.get("description", ""),
-              "training_step": studio.get("training_step"), "prompts": prompts,
-              "baseline_full_denoiser_calls": full, "floors": FLOORS, "rows": rows,
-              "chosen": {"step_cache": tuning, "guidance_reuse": reuse_tuning}}
-    out_dir = ROOT / "bench" / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{time.strftime('%Y-%m-%d')}-calibrate.json"
-    path.write_text(json.dumps(result, indent=1))
+    path = _write_result(argv, prompts, runners, rows, chosen={
+        "step_cache": tuning, "guidance_reuse": reuse_tuning})
     print(f"wrote {path}")
     if args.write and tuning:
         studio["step_cache"] = tuning

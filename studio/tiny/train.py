@@ -35,6 +35,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -397,6 +398,39 @@ def step_mix(reference_share: float = 0.18) -> dict[str, float]:
     return {"image": 0.45 * rest, "clip": 0.37 * rest, "reference": reference_share}
 
 
+class DenoiserBatch(NamedTuple):
+    """One denoiser step's batch (``DenoiserTask.batch``, ``LatentPool.batch``).
+
+    Attributes:
+        captions: B captions ("" where dropped for classifier-free guidance).
+        pixels: uint8 (B, H, W, 3) images or (B, F, H, W, 3) clips, or, from the latent
+            pool, normalised latents (B, C, f, h, w).
+        refs: reference-to-video steps: the references as uint8 (B, H, W, 3) or latents
+            (B, C, 1, h, w); None on other steps.
+        first_frame: bool (B,): image-to-video samples (first latent frame clean).
+        ref_objects: reference steps: each reference object's (colour, shape); else None.
+    """
+
+    captions: list[str]
+    pixels: np.ndarray | torch.Tensor
+    refs: np.ndarray | torch.Tensor | None
+    first_frame: np.ndarray
+    ref_objects: list[tuple[str, str]] | None = None
+
+
+def reference_word_targets(task: DenoiserTask, objects: list[tuple[str, str]]) -> torch.Tensor:
+    """What the first two reference tokens are trained toward: the text encoder's embeddings
+    of the words "<colour> <shape>" (B, 2, text_dim), detached.
+
+    The denoiser already reads colour and shape from those embeddings in its cross-attention;
+    a reference encoder whose tokens land on them hands the reference's object over in words
+    it knows. After ELITE (Wei et al., ICCV 2023: a reference image mapped into the text
+    encoder's word-embedding space) and Wan 2.1 I2V (image tokens beside the text tokens).
+    """
+    with torch.no_grad():
+        return task.encode_text([f"{c} {s}" for c, s in objects])[:, :2].detach()
+
+
 class DenoiserTask(TrainTask):
     """Flow matching (rectified flow) of the Wan denoiser and the text encoder on VAE latents.
 
@@ -409,6 +443,12 @@ class DenoiserTask(TrainTask):
     ``expand_timesteps``), and reference-to-video clips (a clean reference latent frame
     appended after the clip, timestep 0, the caption without colour and shape, 70 % of the
     time). 10 % of captions are dropped for classifier-free guidance.
+
+    ``reference_alignment`` > 0 adds, on reference steps, that weight times the normalised
+    squared error between the first two reference tokens and the text embeddings of the
+    reference object's colour and shape words (:func:`reference_word_targets`), so the
+    reference encoder speaks the denoiser's language; ``reference_lr_scale`` multiplies the
+    reference encoder's learning rate (it trains from far behind the denoiser).
 
     Reference clips also get the reference's tokens from a small image encoder
     (:func:`build_reference_encoder`, trained with the denoiser, module
@@ -425,13 +465,19 @@ class DenoiserTask(TrainTask):
 
     def __init__(self, device: torch.device, vae, *, image_batch: int = 48,
                  clip_batch: int = 12, ema_decay: float = 0.999, pool: bool = False,
-                 reference_share: float = 0.18, noise_level_mean: float = 0.0):
+                 reference_share: float = 0.18, noise_level_mean: float = 0.0,
+                 reference_alignment: float = 0.0, reference_lr_scale: float = 1.0):
         import copy
 
         step_kinds = step_mix(reference_share)  # bad input fails before anything is built
         if not -3.0 <= noise_level_mean <= 3.0:
             raise ValueError(f"noise_level_mean={noise_level_mean}: must be in [-3, 3]")
+        if not 0.0 <= reference_alignment <= 10.0:
+            raise ValueError(f"reference_alignment={reference_alignment}: must be in [0, 10]")
+        if not 0.0 < reference_lr_scale <= 100.0:
+            raise ValueError(f"reference_lr_scale={reference_lr_scale}: must be in (0, 100]")
         self.noise_level_mean = noise_level_mean
+        self.reference_alignment, self.reference_lr_scale = reference_alignment, reference_lr_scale
         self.device = device
         self.vae = vae.to(device).eval().requires_grad_(False)
         self.tokenizer, self.text_encoder = build_text_stack()
@@ -451,6 +497,9 @@ class DenoiserTask(TrainTask):
                 "reference_encoder": self.reference_encoder,
                 "ema_text_encoder": self.ema_text, "ema_transformer": self.ema_transformer,
                 "ema_reference_encoder": self.ema_reference_encoder}
+
+    def lr_scales(self) -> dict[str, float]:
+        return {"reference_encoder": getattr(self, "reference_lr_scale", 1.0)}
 
     @torch.no_grad()
     def latent_stats(self, batches: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
@@ -495,17 +544,18 @@ class DenoiserTask(TrainTask):
                                for s in specs])
         else:
             pixels = np.stack([world.render_image(s, SIZE, SIZE, rng) for s in specs])
-        refs = None
+        refs = objects = None
         if kind == "reference":
             refs = np.stack([reference_image(s, rng) for s in specs])
             captions = [anonymise(c) if rng.random() < 0.7 else c for c in captions]
+            objects = [(s.objects[0].colour, s.objects[0].shape) for s in specs]
         first_frame = (rng.random(n) < 0.4) if kind == "clip" else np.zeros(n, bool)
         drop = rng.random(n) < 0.1
         captions = ["" if d else c for c, d in zip(captions, drop, strict=True)]
-        return captions, pixels, refs, first_frame
+        return DenoiserBatch(captions, pixels, refs, first_frame, objects)
 
-    def loss(self, batch, gen):
-        captions, pixels, refs, first_frame = batch
+    def loss(self, batch: DenoiserBatch, gen):
+        captions, pixels, refs, first_frame, ref_objects = batch
         # pixels (uint8) are encoded here; the latent pool hands latents over directly
         x0 = pixels if torch.is_tensor(pixels) else self.encode_pixels(pixels)  # (B,C,f,h,w)
         b = x0.shape[0]
@@ -524,7 +574,15 @@ class DenoiserTask(TrainTask):
             text = torch.cat([text, tokens * keep], dim=1)
         loss = flow_matching_loss(self.transformer, x0, text, noise, s,
                                   first_frame=first, reference=ref)
-        return loss, {}
+        metrics = {}
+        if ref is not None and getattr(self, "reference_alignment", 0.0) > 0:
+            if ref_objects is None:
+                raise ValueError("reference_alignment needs the batch's ref_objects")
+            target = reference_word_targets(self, ref_objects)
+            align = (tokens[:, :2] - target).pow(2).mean() / target.pow(2).mean().clamp_min(1e-8)
+            loss = loss + self.reference_alignment * align
+            metrics["ref_align"] = float(align.detach())
+        return loss, metrics
 
     @torch.no_grad()
     def update_ema(self) -> None:
@@ -623,14 +681,15 @@ class LatentPool:
         picked = [items[int(i)] for i in rng.integers(len(items), size=n)]
         captions = [world.caption(p[0], rng) for p in picked]
         latents = torch.stack([p[1] for p in picked])
-        refs = None
+        refs = objects = None
         if kind == "reference":
             refs = torch.stack([p[2] for p in picked])
             captions = [anonymise(c) if rng.random() < 0.7 else c for c in captions]
+            objects = [(p[0].objects[0].colour, p[0].objects[0].shape) for p in picked]
         first_frame = (rng.random(n) < 0.4) if kind == "clip" else np.zeros(n, bool)
         drop = rng.random(n) < 0.1
         captions = ["" if d else c for c, d in zip(captions, drop, strict=True)]
-        return captions, latents, refs, first_frame
+        return DenoiserBatch(captions, latents, refs, first_frame, objects)
 
 
 def export_vae(vae, mean: torch.Tensor, std: torch.Tensor):
@@ -887,6 +946,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="dit: train on a world whose sky gradients put this share of "
                              "their change down the height (world.GRADIENT_TILT, 0.6; lower "
                              "gives columns the stronger cue)")
+    parser.add_argument("--reference-alignment", type=float, default=0.0,
+                        help="dit: weight of the loss pulling the first two reference tokens "
+                             "onto the text embeddings of the object's colour and shape words "
+                             "(0: off)")
+    parser.add_argument("--reference-lr-scale", type=float, default=1.0,
+                        help="dit: learning-rate multiplier of the reference encoder")
     parser.add_argument("--no-pool", action="store_true",
                         help="dit: encode every batch afresh instead of the latent pool")
     args = parser.parse_args(argv)
@@ -897,6 +962,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--motion-weight must be at least 0, got {args.motion_weight}")
     if not 0 <= args.reference_share < 1:
         parser.error(f"--reference-share must be in [0, 1), got {args.reference_share}")
+    if not 0 <= args.reference_alignment <= 10:
+        parser.error(f"--reference-alignment must be in [0, 10], got {args.reference_alignment}")
+    if not 0 < args.reference_lr_scale <= 100:
+        parser.error(f"--reference-lr-scale must be in (0, 100], got {args.reference_lr_scale}")
     if args.gradient_tilt is not None and not 0 <= args.gradient_tilt <= 1:
         parser.error(f"--gradient-tilt must be in [0, 1], got {args.gradient_tilt}")
     if args.lr is not None and not 0 < args.lr <= 0.1:
@@ -966,7 +1035,9 @@ def main(argv: list[str] | None = None) -> int:
 def _denoiser_stage(args, out: Path, device, vae, stop) -> int:
     task = DenoiserTask(device, vae, pool=args.stage == "dit" and not args.no_pool,
                         reference_share=args.reference_share,
-                        noise_level_mean=args.noise_level_mean)
+                        noise_level_mean=args.noise_level_mean,
+                        reference_alignment=args.reference_alignment,
+                        reference_lr_scale=args.reference_lr_scale)
     if args.stage == "dit":
         config = TrainConfig(lr=args.lr or 6e-4, warmup_steps=300, total_steps=args.total_steps or 30000,
                              seed=args.seed, checkpoint_every_s=args.checkpoint_every,

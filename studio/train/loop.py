@@ -43,6 +43,12 @@ class TrainTask:
 
     optional_modules: frozenset[str] = frozenset()
 
+    def lr_scales(self) -> dict[str, float]:
+        """Learning-rate multipliers by module name (default 1 for a module not named): a
+        module trained fresh beside well-trained ones can learn faster without moving them.
+        Each distinct multiplier is one AdamW parameter group."""
+        return {}
+
     def modules(self) -> dict[str, torch.nn.Module]:
         """The trainable modules by name (saved as ``<name>.safetensors``)."""
         raise NotImplementedError
@@ -109,6 +115,22 @@ def _save_checkpoint(out_dir: Path, task: TrainTask, opt: torch.optim.Optimizer,
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _param_groups(task: TrainTask) -> list[dict[str, Any]]:
+    """AdamW parameter groups: the trainable parameters of ``task.modules()`` grouped by
+    ``task.lr_scales()`` (one group, scale 1, when the task sets none)."""
+    scales = task.lr_scales()
+    unknown = set(scales) - set(task.modules())
+    if unknown or any(not (v > 0 and math.isfinite(v)) for v in scales.values()):
+        raise ValueError(f"lr_scales={scales}: names must be modules of the task "
+                         f"({sorted(task.modules())}) and scales finite and > 0")
+    by_scale: dict[float, list[torch.nn.Parameter]] = {}
+    for name, module in task.modules().items():
+        trainable = [p for p in module.parameters() if p.requires_grad]
+        if trainable:
+            by_scale.setdefault(float(scales.get(name, 1.0)), []).extend(trainable)
+    return [{"params": ps, "lr_scale": scale} for scale, ps in sorted(by_scale.items())]
+
+
 def load_checkpoint(out_dir: Path, task: TrainTask,
                     opt: torch.optim.Optimizer | None = None) -> dict[str, Any] | None:
     """Loads the last complete checkpoint into ``task`` (and ``opt``); None if there is none.
@@ -139,7 +161,16 @@ def load_checkpoint(out_dir: Path, task: TrainTask,
         log.warning("checkpoint %s: new modules %s start fresh; optimizer moments restart",
                     ckpt, ", ".join(fresh))
     elif opt is not None and (ckpt / "optimizer.pt").exists():
-        opt.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
+        saved = torch.load(ckpt / "optimizer.pt", weights_only=True)
+        sizes = [len(g["params"]) for g in saved["param_groups"]]
+        if sizes == [len(g["params"]) for g in opt.param_groups]:
+            scales = [g.get("lr_scale", 1.0) for g in opt.param_groups]
+            opt.load_state_dict(saved)  # also restores the saved groups' settings
+            for group, scale in zip(opt.param_groups, scales, strict=True):
+                group["lr_scale"] = scale  # the task's, not the checkpoint's
+        else:  # the task's learning-rate groups changed since the checkpoint
+            log.warning("checkpoint %s: parameter groups %s -> %s; optimizer moments restart",
+                        ckpt, sizes, [len(g["params"]) for g in opt.param_groups])
     return json.loads((ckpt / "state.json").read_text())
 
 
@@ -159,8 +190,9 @@ def train(task: TrainTask, out_dir: str | os.PathLike[str], config: TrainConfig,
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    params = [p for m in task.modules().values() for p in m.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay,
+    groups = _param_groups(task)
+    params = [p for g in groups for p in g["params"]]
+    opt = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay,
                             betas=(0.9, 0.99))
     state = load_checkpoint(out, task, opt) or {"step": 0, "elapsed_s": 0.0,
                                                 "seed": config.seed}
@@ -186,7 +218,7 @@ def train(task: TrainTask, out_dir: str | os.PathLike[str], config: TrainConfig,
         gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
         lr = config.lr_at(step)
         for group in opt.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_scale"]
         batch = task.batch(rng)
         loss, metrics = task.loss(batch, gen)
         opt.zero_grad(set_to_none=True)

@@ -76,7 +76,8 @@ def test_batches_cover_every_step_kind():
     task = DenoiserTask.__new__(DenoiserTask)
     task.image_batch, task.clip_batch = 2, 2
     for i in range(30):
-        captions, pixels, refs, first = task.batch(np.random.default_rng(i))
+        captions, pixels, refs, first, objects = task.batch(np.random.default_rng(i))
+        assert (objects is None) == (refs is None)
         task_kinds.add("image" if pixels.ndim == 4 else "reference" if refs is not None
                        else "i2v" if first.any() else "clip")
     assert task_kinds == {"image", "clip", "i2v", "reference"}
@@ -121,6 +122,55 @@ def test_noise_level_mean_moves_the_noise_levels_drawn(monkeypatch):
     assert medians[1.0] > medians[0.0]
 
 
+def test_reference_alignment_trains_the_reference_encoder_toward_the_object_words(tmp_path):
+    """The alignment term pulls the first two reference tokens onto the text embeddings of the
+    reference object's colour and shape words; it moves the reference encoder only, and the
+    reference encoder trains at its own learning-rate scale."""
+    from studio.tiny.train import reference_word_targets
+
+    for bad in ({"reference_alignment": -1.0}, {"reference_lr_scale": 0.0}):
+        with pytest.raises(ValueError, match=next(iter(bad)) + "="):
+            DenoiserTask(torch.device("cpu"), None, **bad)
+    torch.manual_seed(0)
+    task = DenoiserTask(torch.device("cpu"), build_vae(), image_batch=2, clip_batch=6,
+                        reference_alignment=1.0, reference_lr_scale=10.0)
+    task.step_kinds = {"reference": 1.0}
+    assert task.lr_scales() == {"reference_encoder": 10.0}
+    batch = task.batch(np.random.default_rng(5))
+    assert batch.refs is not None and len(batch.ref_objects) == 6
+    targets = reference_word_targets(task, [("red", "star"), ("blue", "star"), ("red", "circle")])
+    assert targets.shape == (3, 2, 64) and not targets.requires_grad
+    assert not torch.allclose(targets[0, 0], targets[1, 0])  # another colour, another target
+
+    def grads(weight):
+        task.reference_alignment = weight
+        for m in task.modules().values():
+            m.zero_grad(set_to_none=True)
+        loss, metrics = task.loss(batch, torch.Generator().manual_seed(1))
+        loss.backward()
+        return ({k: p.grad.clone() for k, p in task.transformer.named_parameters()
+                 if p.grad is not None},
+                {k: p.grad.clone() for k, p in task.reference_encoder.named_parameters()
+                 if p.grad is not None}, metrics)
+
+    den0, ref0, metrics0 = grads(0.0)
+    den1, ref1, metrics1 = grads(1.0)
+    assert "ref_align" not in metrics0 and metrics1["ref_align"] > 0
+    assert all(torch.equal(den0[k], den1[k]) for k in den0)  # the denoiser is not moved by it
+    assert any(not torch.allclose(ref0[k], ref1[k]) for k in ref0)
+
+    def align():
+        with torch.no_grad():
+            return task.loss(batch, torch.Generator().manual_seed(1))[1]["ref_align"]
+
+    start = align()
+    config = TrainConfig(lr=3e-4, warmup_steps=1, total_steps=40, seed=0, log_every=10,
+                         checkpoint_every_s=1e9, weight_decay=0.0)
+    task.on_checkpoint = lambda *a: None
+    train(task, tmp_path, config, max_steps=25)
+    assert align() < 0.7 * start
+
+
 def test_latent_pool_batches_are_latents_of_every_kind():
     from studio.tiny.train import LatentPool
 
@@ -132,7 +182,8 @@ def test_latent_pool_batches_are_latents_of_every_kind():
                       max_images=70, max_clips=18)
     kinds = set()
     for i in range(12):
-        captions, latents, refs, first = pool.batch(np.random.default_rng(i))
+        captions, latents, refs, first, objects = pool.batch(np.random.default_rng(i))
+        assert (objects is None) == (refs is None)
         assert torch.is_tensor(latents) and latents.shape[1:2] == (8,)
         assert latents.shape[2] == (1 if len(captions) == 4 else 3)
         kinds.add("image" if latents.shape[2] == 1 else "reference" if refs is not None

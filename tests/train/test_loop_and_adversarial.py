@@ -53,6 +53,40 @@ def test_a_module_added_to_a_run_under_way_starts_fresh(tmp_path):
         load_checkpoint(other, Regression(extra=True, optional=False))
 
 
+def test_lr_scales_give_a_module_its_own_learning_rate(tmp_path, caplog):
+    """A module named in ``lr_scales`` trains at that multiple of the schedule's rate (Adam's
+    first step moves each weight by about the rate); a checkpoint saved with other groups
+    resumes with fresh optimizer moments; bad scales are refused."""
+
+    class Scaled(Regression):
+        def __init__(self, scales):
+            super().__init__(extra=True)
+            self.scales = scales
+
+        def lr_scales(self):
+            return self.scales
+
+        def loss(self, x, gen):
+            return (self.model(x) + self.extra(x) - (3 * x + 1)).pow(2).mean(), {}
+
+    config = TrainConfig(lr=1e-3, warmup_steps=1, total_steps=4, checkpoint_every_s=1e9,
+                         weight_decay=0.0, grad_clip=1e9)
+    train(Regression(extra=True), tmp_path, config, max_steps=2)  # saved with one group
+    task = Scaled({"extra": 10.0})
+    load_checkpoint(tmp_path, task)
+    before = {k: m.weight.item() for k, m in task.modules().items()}
+    with caplog.at_level("WARNING", logger="studio.train"):
+        train(task, tmp_path, config, max_steps=3)  # one step, moments fresh
+    assert "parameter groups" in caplog.text
+    moved = {k: abs(m.weight.item() - before[k]) for k, m in task.modules().items()}
+    lr = config.lr_at(2)
+    assert moved["model"] == pytest.approx(lr, rel=1e-3)
+    assert moved["extra"] == pytest.approx(10 * lr, rel=1e-3)
+    for bad in ({"nothing": 2.0}, {"extra": 0.0}, {"extra": float("nan")}):
+        with pytest.raises(ValueError, match="lr_scales="):
+            train(Scaled(bad), tmp_path / "bad", config, max_steps=1)
+
+
 def test_hinge_losses_and_the_critic_step():
     real, fake = torch.full((2, 1, 4, 4), 2.0), torch.full((2, 1, 4, 4), -2.0)
     assert hinge_discriminator_loss(real, fake).item() == 0.0  # both beyond the margins
