@@ -330,7 +330,8 @@ def run_header(bench: str, argv: list[str], entry, threads: int) -> dict:
 
     return {"command": f"python -m bench {bench} " + " ".join(argv),
             "date": time.strftime("%Y-%m-%d"), "machine": platform.platform(),
-            "torch_threads": threads, "machine_note": f"{torch.get_num_threads()} CPU threads",
+            "torch_threads": threads, "machine_note": f"{torch.get_num_threads()} CPU thread"
+                           f"{'s' if torch.get_num_threads() != 1 else ''}",
             "model": entry.description,
             "training_step": _studio_json(entry).get("training_step")}
 
