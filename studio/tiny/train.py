@@ -418,7 +418,8 @@ class DenoiserBatch(NamedTuple):
     ref_objects: list[tuple[str, str]] | None = None
 
 
-def reference_word_targets(task: DenoiserTask, objects: list[tuple[str, str]]) -> torch.Tensor:
+def reference_word_targets(task: DenoiserTask, objects: list[tuple[str, str]],
+                           encoder: torch.nn.Module | None = None) -> torch.Tensor:
     """What the first two reference tokens are trained toward: the text encoder's embeddings
     of the words "<colour> <shape>" (B, 2, text_dim), detached.
 
@@ -426,9 +427,10 @@ def reference_word_targets(task: DenoiserTask, objects: list[tuple[str, str]]) -
     a reference encoder whose tokens land on them hands the reference's object over in words
     it knows. After ELITE (Wei et al., ICCV 2023: a reference image mapped into the text
     encoder's word-embedding space) and Wan 2.1 I2V (image tokens beside the text tokens).
+    ``encoder``: the text encoder to use (default the task's live one).
     """
     with torch.no_grad():
-        return task.encode_text([f"{c} {s}" for c, s in objects])[:, :2].detach()
+        return task.encode_text([f"{c} {s}" for c, s in objects], encoder)[:, :2].detach()
 
 
 class DenoiserTask(TrainTask):
@@ -907,7 +909,8 @@ def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m studio.tiny.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=["vae", "decoder", "dit", "export", "snapshot",
+    parser.add_argument("stage", choices=["vae", "decoder", "dit", "align-reference",
+                                          "export", "snapshot",
                                                   "restore"])
     parser.add_argument("--out", default="runs/tiny", help="run folder (checkpoints, logs)")
     parser.add_argument("--minutes", type=float, default=None, help="stop after this sitting")
@@ -986,7 +989,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         return 0
-    needs_vae = args.stage in ("decoder", "dit", "export")
+    needs_vae = args.stage in ("decoder", "dit", "align-reference", "export")
     if needs_vae and not (out / "vae" / "checkpoint" / "vae.safetensors").exists():
         parser.error(f"no trained VAE under {out / 'vae'}: run the vae stage first "
                      f"(python -m studio.tiny.train vae --out {args.out})")
@@ -1025,11 +1028,44 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"step": state["step"], **task.evaluate()}))
         return 0
     vae = load_trained_vae(out, device)
+    if args.stage == "align-reference":
+        return _align_reference_stage(args, out, device, vae, stop)
     tilt = args.gradient_tilt if args.stage == "dit" else None
     with world.gradient_tilt(world.GRADIENT_TILT if tilt is None else tilt):
         if tilt is not None:
             print(f"[dit] world.GRADIENT_TILT = {tilt}", file=sys.stderr, flush=True)
         return _denoiser_stage(args, out, device, vae, stop)
+
+
+def _align_reference_stage(args, out: Path, device, vae, stop) -> int:
+    """Stage ``align-reference`` (:mod:`studio.tiny.align`): the reference encoder of the
+    denoiser checkpoint trained alone toward the object's word embeddings, then written back
+    into that checkpoint when this sitting finished the schedule."""
+    from studio.tiny.align import ReferenceAlignTask, write_into_denoiser_checkpoint
+
+    task = DenoiserTask(device, vae)
+    if load_checkpoint(out / "dit", task) is None:
+        print(f"error: no denoiser checkpoint under {out / 'dit'}", file=sys.stderr)
+        return 2
+    align = ReferenceAlignTask(task)
+    run = out / "reference-align"
+    before = (json.loads((run / "checkpoint" / "state.json").read_text())["step"]
+              if (run / "checkpoint" / "state.json").exists() else 0)
+    config = TrainConfig(lr=args.lr or 2e-3, warmup_steps=50,
+                         total_steps=args.total_steps or 1500, seed=args.seed,
+                         checkpoint_every_s=args.checkpoint_every, log_every=50,
+                         weight_decay=0.0)
+    state = train(align, run, config, max_steps=args.steps, max_minutes=args.minutes,
+                  should_stop=lambda: stop["asked"],
+                  on_log=lambda line: print(f"[align] {line}", file=sys.stderr, flush=True))
+    metrics = {"step": state["step"], **align.evaluate()}
+    with open(run / "eval_log.jsonl", "a") as fh:
+        fh.write(json.dumps(metrics) + "\n")
+    done = state["step"] >= config.total_steps and state["step"] > before
+    if done:  # only a schedule finished now replaces the denoiser run's reference encoder
+        write_into_denoiser_checkpoint(task.reference_encoder, out / "dit")
+    print(json.dumps({**metrics, "written_into": str(out / "dit") if done else None}))
+    return 0
 
 
 def _denoiser_stage(args, out: Path, device, vae, stop) -> int:
