@@ -12,7 +12,7 @@ two tokens, the text encoder's embeddings of the reference object's colour and s
 ELITE (Wei et al., ICCV 2023: a reference mapped into the text encoder's word-embedding
 space). The denoiser run then goes on with ``--reference-alignment`` keeping the tokens there.
 
-    python -m studio.tiny.train align-reference --out runs/tiny --steps 1500
+    python -m studio.tiny.train align-reference --out runs/tiny --total-steps 1500
 
 trains in ``<out>/reference-align`` (seeded and resumable like every stage), from the
 denoiser checkpoint's reference encoder, against its EMA text encoder (the one sampling
@@ -62,8 +62,8 @@ class ReferenceAlignTask(TrainTask):
         if min(batch, warm, fresh, max_pool) < 1 or warm > max_pool:
             raise ValueError(f"batch={batch}, warm={warm}, fresh={fresh}, max_pool={max_pool}: "
                              "each must be >= 1 and warm <= max_pool")
-        self.task, self.batch_size, self.fresh, self.max_pool = denoiser_task, batch, fresh, \
-            max_pool
+        self.task, self.batch_size = denoiser_task, batch
+        self.fresh, self.max_pool = fresh, max_pool
         self.pool: list[tuple[torch.Tensor, tuple[str, str]]] = []
         rng = np.random.default_rng(seed)
         while len(self.pool) < warm:
