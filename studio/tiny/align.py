@@ -74,16 +74,13 @@ class ReferenceAlignTask(TrainTask):
 
     @torch.no_grad()
     def _add(self, rng: np.random.Generator, n: int) -> None:
-        from studio.tiny.train import reference_image
+        from studio.tiny.train import LatentPool, reference_image
 
         specs = [world.sample_scene(rng, video=True) for _ in range(n)]
         z = self.task.encode_pixels(np.stack([reference_image(s, rng) for s in specs]))
-        for i, s in enumerate(specs):
-            item = (z[i].clone(), (s.objects[0].colour, s.objects[0].shape))
-            if len(self.pool) < self.max_pool:
-                self.pool.append(item)
-            else:
-                self.pool[int(rng.integers(len(self.pool)))] = item
+        LatentPool._insert(self.pool, self.max_pool, rng,
+                           [(z[i].clone(), (s.objects[0].colour, s.objects[0].shape))
+                            for i, s in enumerate(specs)])
 
     def batch(self, rng):
         self._add(rng, self.fresh)
@@ -92,13 +89,12 @@ class ReferenceAlignTask(TrainTask):
 
     def loss(self, batch, gen):
         from studio.engine.pipelines.wan import reference_tokens
-        from studio.tiny.train import reference_word_targets
+        from studio.tiny.train import alignment_error, reference_word_targets
 
         latents, objects = batch
         target = reference_word_targets(self.task, objects, encoder=self.task.ema_text)
         tokens = reference_tokens(self.task.reference_encoder, latents)[:, :2]
-        loss = (tokens - target).pow(2).mean() / target.pow(2).mean().clamp_min(1e-8)
-        return loss, {}
+        return alignment_error(tokens, target), {}
 
     @torch.no_grad()
     def evaluate(self, n: int = 512, seed: int = 2) -> dict[str, float]:
@@ -107,7 +103,7 @@ class ReferenceAlignTask(TrainTask):
         import itertools
 
         from studio.engine.pipelines.wan import reference_tokens
-        from studio.tiny.train import reference_image, reference_word_targets
+        from studio.tiny.train import alignment_error, reference_image, reference_word_targets
 
         pairs = list(itertools.product(world.COLOURS, world.SHAPES))
         targets = reference_word_targets(self.task, pairs, encoder=self.task.ema_text)
@@ -123,7 +119,7 @@ class ReferenceAlignTask(TrainTask):
                               for s in specs])
         nearest = ((tokens[:, None] - targets[None]) ** 2).flatten(2).sum(-1).argmin(1)
         tg = targets[truth]
-        return {"error": round(float((tokens - tg).pow(2).mean() / tg.pow(2).mean()), 4),
+        return {"error": round(float(alignment_error(tokens, tg)), 4),
                 "pair": round(float((nearest == truth).float().mean()), 4),
                 "colour": round(float(np.mean([pairs[a][0] == pairs[b][0] for a, b in
                                                zip(truth.tolist(), nearest.tolist(),

@@ -433,6 +433,12 @@ def reference_word_targets(task: DenoiserTask, objects: list[tuple[str, str]],
         return task.encode_text([f"{c} {s}" for c, s in objects], encoder)[:, :2].detach()
 
 
+def alignment_error(tokens: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Normalised squared error of reference tokens (B, 2, D) against their word targets
+    (B, 2, D): the mean squared error over the targets' mean square (1: all-zero tokens)."""
+    return (tokens - target).pow(2).mean() / target.pow(2).mean().clamp_min(1e-8)
+
+
 class DenoiserTask(TrainTask):
     """Flow matching (rectified flow) of the Wan denoiser and the text encoder on VAE latents.
 
@@ -581,7 +587,7 @@ class DenoiserTask(TrainTask):
             if ref_objects is None:
                 raise ValueError("reference_alignment needs the batch's ref_objects")
             target = reference_word_targets(self, ref_objects)
-            align = (tokens[:, :2] - target).pow(2).mean() / target.pow(2).mean().clamp_min(1e-8)
+            align = alignment_error(tokens[:, :2], target)
             loss = loss + self.reference_alignment * align
             metrics["ref_align"] = float(align.detach())
         return loss, metrics
