@@ -12,8 +12,8 @@ against the held-out prompts of ``studio.tiny.world.eval_prompts``:
 * ``i2v``: the first frame is the world's render of the clip's first frame; scored on the
   clip's attributes plus the PSNR of the output's first frame against the given frame.
 * ``r2v``: the prompt names no colour and no shape ("a large object moves to the left ...",
-  ``studio.tiny.train.anonymise``); the reference is the object alone at another size and
-  position on another background (``studio.tiny.train.reference_image``). Scored on the
+  ``studio.tiny.denoiser.anonymise``); the reference is the object alone at another size and
+  position on another background (``studio.tiny.denoiser.reference_image``). Scored on the
   position, size, background and motion the prompt says, and on whether the object found has
   the reference's colour *and* shape.
 * ``i2i``: the init image is the scene with the object in another colour; the prompt asks for
@@ -93,7 +93,7 @@ def build_samples(mode: str, n: int, caps, seed: int = 0, model: str = MODEL) ->
         ValueError: unknown mode, or ``n`` < 1.
     """
     from studio.tiny import world
-    from studio.tiny.train import anonymise, reference_image
+    from studio.tiny.denoiser import anonymise, reference_image
 
     if mode not in MODES:
         raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")

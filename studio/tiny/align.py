@@ -8,7 +8,7 @@ shape from word embeddings well, and even from word embeddings appended after an
 caption (the object's colour and shape right 19 % of the time with no training for it,
 against 3 % without). So the reference encoder is first trained alone to put, on its first
 two tokens, the text encoder's embeddings of the reference object's colour and shape words
-(:func:`studio.tiny.train.reference_word_targets`): a small supervised regression, after
+(:func:`studio.tiny.denoiser.reference_word_targets`): a small supervised regression, after
 ELITE (Wei et al., ICCV 2023: a reference mapped into the text encoder's word-embedding
 space). The denoiser run then goes on with ``--reference-alignment`` keeping the tokens there.
 
@@ -38,7 +38,7 @@ class ReferenceAlignTask(TrainTask):
     embeddings.
 
     Data: references as the denoiser's reference steps draw them
-    (:func:`studio.tiny.train.reference_image`: the object alone at another size and position
+    (:func:`studio.tiny.denoiser.reference_image`: the object alone at another size and position
     on another background), VAE-encoded and normalised as the denoiser sees them, from a pool
     (``warm`` encoded at the start, ``fresh`` new ones per step replacing random entries, at
     most ``max_pool``): the VAE encode costs far more than the encoder's step.
@@ -48,7 +48,7 @@ class ReferenceAlignTask(TrainTask):
     targets' own variance share, about 0.7, is one that outputs the mean target).
 
     Args:
-        denoiser_task: a :class:`studio.tiny.train.DenoiserTask` whose ``reference_encoder``
+        denoiser_task: a :class:`studio.tiny.denoiser.DenoiserTask` whose ``reference_encoder``
             is trained here; its ``ema_text`` gives the targets and its VAE the latents.
         batch: references per step.
 
@@ -74,7 +74,7 @@ class ReferenceAlignTask(TrainTask):
 
     @torch.no_grad()
     def _add(self, rng: np.random.Generator, n: int) -> None:
-        from studio.tiny.train import LatentPool, reference_image
+        from studio.tiny.denoiser import LatentPool, reference_image
 
         specs = [world.sample_scene(rng, video=True) for _ in range(n)]
         z = self.task.encode_pixels(np.stack([reference_image(s, rng) for s in specs]))
@@ -89,7 +89,7 @@ class ReferenceAlignTask(TrainTask):
 
     def loss(self, batch, gen):
         from studio.engine.pipelines.wan import reference_tokens
-        from studio.tiny.train import alignment_error, reference_word_targets
+        from studio.tiny.denoiser import alignment_error, reference_word_targets
 
         latents, objects = batch
         target = reference_word_targets(self.task, objects, encoder=self.task.ema_text)
@@ -103,7 +103,7 @@ class ReferenceAlignTask(TrainTask):
         import itertools
 
         from studio.engine.pipelines.wan import reference_tokens
-        from studio.tiny.train import alignment_error, reference_image, reference_word_targets
+        from studio.tiny.denoiser import alignment_error, reference_image, reference_word_targets
 
         pairs = list(itertools.product(world.COLOURS, world.SHAPES))
         targets = reference_word_targets(self.task, pairs, encoder=self.task.ema_text)

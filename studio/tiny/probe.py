@@ -28,7 +28,7 @@ the first frame, and ignores columns, motion words and the reference frame.
 
     python -m studio.tiny.probe [--model assets/models/tiny-wan] [--scenes 48]
 
-The loss is the trainer's (:func:`studio.tiny.train.flow_matching_loss`), here at fixed noise
+The loss is the trainer's (:func:`studio.tiny.denoiser.flow_matching_loss`), here at fixed noise
 levels ``s`` in {0.3, 0.6, 0.9} with a fixed noise draw.
 """
 
@@ -119,7 +119,7 @@ class DenoiserProbe:
                 (reference-to-video), left out of the loss; and, when the model has a
                 reference encoder, its tokens appended to the text embeddings.
         """
-        from studio.tiny.train import flow_matching_loss
+        from studio.tiny.denoiser import flow_matching_loss
 
         b = x0.shape[0]
         text = self.encode_text(captions)
@@ -168,7 +168,8 @@ def conditioning_sensitivity(probe: DenoiserProbe, *, scenes: int = 48, seed: in
     Raises:
         ValueError: ``scenes`` below 2 or an unknown signal.
     """
-    from studio.tiny.train import CLIP_FRAMES, SIZE, anonymise, reference_image
+    from studio.tiny.autoencoder import CLIP_FRAMES, SIZE
+    from studio.tiny.denoiser import anonymise, reference_image
 
     if scenes < 2:
         raise ValueError(f"scenes: {scenes} is below 2")
@@ -263,7 +264,7 @@ def placement_shift(probe: DenoiserProbe, *, noise_level: float = 0.9, samples: 
     Raises:
         ValueError: ``noise_level`` outside (0, 1] or ``samples`` below 1.
     """
-    from studio.tiny.train import LATENT_CHANNELS, SIZE, SPATIAL
+    from studio.tiny.autoencoder import LATENT_CHANNELS, SIZE, SPATIAL
 
     if not 0.0 < noise_level <= 1.0:
         raise ValueError(f"noise_level: {noise_level} is outside (0, 1]")
@@ -328,7 +329,7 @@ def position_awareness(probe: DenoiserProbe, *, noise_level: float = 0.95, sampl
     Raises:
         ValueError: ``noise_level`` outside (0, 1], or ``samples`` below 4 or odd.
     """
-    from studio.tiny.train import LATENT_CHANNELS, SIZE, SPATIAL
+    from studio.tiny.autoencoder import LATENT_CHANNELS, SIZE, SPATIAL
 
     if not 0.0 < noise_level <= 1.0:
         raise ValueError(f"noise_level: {noise_level} is outside (0, 1]")

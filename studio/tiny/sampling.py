@@ -30,7 +30,7 @@ def generate(pipe, captions: list[str], *, frames: int = 1, steps: int = 20,
              guidance: float = 4.0, seed: int = 0, size: int = 64) -> np.ndarray:
     """uint8 (B, H, W, 3) for ``frames == 1``, else (B, F, H, W, 3)."""
     t2x = t2x_pipeline(pipe)
-    from studio.tiny.train import TEXT_LEN
+    from studio.tiny.denoiser import TEXT_LEN
 
     gens = [torch.Generator().manual_seed(seed + i) for i in range(len(captions))]
     out = t2x(prompt=captions, negative_prompt=[""] * len(captions), height=size, width=size,
@@ -75,7 +75,8 @@ def export_pipeline(task, dest: Path, step: int | None = None,
 
         copy.deepcopy(ref_encoder).to(torch.float16).save_pretrained(
             tmp / "reference_encoder", safe_serialization=True)
-    from studio.tiny.train import CLIP_FRAMES, SIZE, TEXT_LEN
+    from studio.tiny.autoencoder import CLIP_FRAMES, SIZE
+    from studio.tiny.denoiser import TEXT_LEN
 
     trained = "" if step is None else (
         f" Weights of training step {step}" + (f" of {total_steps}" if total_steps else "")

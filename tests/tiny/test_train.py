@@ -101,14 +101,14 @@ def test_reference_share_sets_the_step_mix():
 
 
 def test_noise_level_mean_moves_the_noise_levels_drawn(monkeypatch):
-    import studio.tiny.train as train_module
+    import studio.tiny.denoiser as denoiser_module
 
     with pytest.raises(ValueError, match="noise_level_mean="):
         DenoiserTask(torch.device("cpu"), None, noise_level_mean=4.0)
     torch.manual_seed(0)
     task = DenoiserTask(torch.device("cpu"), build_vae(), image_batch=64, clip_batch=1)
     drawn = []
-    monkeypatch.setattr(train_module, "flow_matching_loss",
+    monkeypatch.setattr(denoiser_module, "flow_matching_loss",
                         lambda *a, **k: drawn.append(a[4]) or torch.zeros(()))
     batch = next(b for b in (task.batch(np.random.default_rng(i)) for i in range(50))
                  if b[1].ndim == 4)  # an image batch: 64 noise levels drawn

@@ -1,0 +1,446 @@
+"""The embedded model's denoiser and text encoder: the builders (:func:`build_denoiser`,
+:func:`build_text_stack`, :func:`build_reference_encoder`), the flow-matching objective
+(:class:`DenoiserTask`, :func:`flow_matching_loss`) and the pool of encoded training samples
+(:class:`LatentPool`), run by :mod:`studio.tiny.train`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from studio.tiny import world
+from studio.tiny.autoencoder import CLIP_FRAMES, LATENT_CHANNELS, SIZE, export_vae, to_tensor
+from studio.train.loop import TrainTask
+
+TEXT_LEN = 32
+EXTRA_WORDS = (",", ":", ".", "object", "shape", "reference", "the", "it")
+_COLOUR_RE = None
+
+
+def vocabulary() -> tuple[str, ...]:
+    """The word-level vocabulary: every caption word of the world plus a few extras."""
+    return tuple(sorted(set(world.VOCABULARY) | set(EXTRA_WORDS)))
+
+
+def build_text_stack():
+    """(tokenizer, text encoder): a word-level tokenizer and a 2-layer UMT5 encoder (d=64)."""
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from studio.testing.tiny_pipelines import make_word_tokenizer
+
+    tokenizer = make_word_tokenizer(TEXT_LEN, vocabulary())
+    cfg = UMT5Config(vocab_size=len(tokenizer), d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                     num_heads=4, relative_attention_num_buckets=16, dropout_rate=0.0)
+    return tokenizer, UMT5EncoderModel(cfg)
+
+
+def build_denoiser():
+    """The embedded denoiser: WanTransformer3DModel, 6 layers, 3 heads of dim 64."""
+    from diffusers import WanTransformer3DModel
+
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=3, attention_head_dim=64,
+        in_channels=LATENT_CHANNELS, out_channels=LATENT_CHANNELS, text_dim=64, freq_dim=64,
+        ffn_dim=512, num_layers=6, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32)
+
+
+def build_reference_encoder():
+    """The reference-token encoder (see :func:`studio.engine.pipelines.wan.reference_tokens`):
+    a ``transformers`` ``CLIPVisionModel`` over the reference's normalised latents (B, 8,
+    16, 16), patches of 4 x 4 latent cells, 2 layers of width 64 (the text embeddings'
+    width): 17 tokens appended to the 32 text tokens of a reference-to-video prompt."""
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    cfg = CLIPVisionConfig(num_channels=LATENT_CHANNELS, image_size=SIZE // 4, patch_size=4,
+                           hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, projection_dim=64)
+    return CLIPVisionModel(cfg)
+
+
+def anonymise(caption: str) -> str:
+    """A caption with colour and shape words removed: "a small red star ..." -> "a small object
+    ..." (what a reference-to-video prompt says when the reference gives the object)."""
+    import re
+
+    global _COLOUR_RE
+    if _COLOUR_RE is None:
+        colours = "|".join(sorted(set(world.COLOURS) | {"violet", "grey"}))
+        _COLOUR_RE = re.compile(rf"\b({colours})\s+(?=(circle|square|triangle|star)\b)")
+    text = _COLOUR_RE.sub("", caption)
+    return re.sub(r"\b(circle|square|triangle|star)\b(?!ry)", "object", text)
+
+
+def reference_image(spec, rng: np.random.Generator) -> np.ndarray:
+    """The first object of ``spec`` alone, at a random size and position, on a random other
+    background: uint8 (64, 64, 3)."""
+    obj = spec.objects[0]
+    backgrounds = [b for b in world.BACKGROUNDS
+                   if b != spec.background and world.is_allowed(obj.colour, b)]
+    ref = world.SceneSpec(background=str(rng.choice(backgrounds)), objects=(
+        world.ObjectSpec(obj.colour, obj.shape, str(rng.choice(world.SIZES)),
+                         str(rng.choice(world.POSITIONS)), "still"),))
+    return world.render_image(ref, SIZE, SIZE, rng)
+
+
+def flow_matching_loss(transformer, x0: torch.Tensor, text: torch.Tensor,
+                       noise: torch.Tensor, s: torch.Tensor, *,
+                       first_frame: torch.Tensor | None = None,
+                       reference: torch.Tensor | None = None) -> torch.Tensor:
+    """The denoiser's training loss on one batch (rectified flow, as the Wan pipelines
+    sample it): ``x_t = (1 - s) x_0 + s e``, target ``e - x_0``, per-token timesteps
+    ``1000 s``.
+
+    Args:
+        transformer: a Wan-style denoiser taking per-token timesteps (B, tokens).
+        x0: clean normalised latents (B, C, f, h, w), float32.
+        text: text embeddings (B, L, D).
+        noise: e, the shape of ``x0``.
+        s: noise level per item (B,) in [0, 1].
+        first_frame: bool (B,): latent frame 0 given clean at timestep 0 (image-to-video)
+            and left out of the loss.
+        reference: clean latents (B, C, 1, h, w) appended as a last frame at timestep 0
+            (reference-to-video), left out of the loss.
+    Returns:
+        The mean squared error over the frames in the loss (a 0-dim tensor).
+    """
+    b, _, f, h, w = x0.shape
+    _, ph, pw = transformer.config.patch_size
+    sv = s.view(b, 1, 1, 1, 1)
+    xt = (1 - sv) * x0 + sv * noise
+    target = noise - x0
+    t_frame = (s * 1000).view(b, 1).expand(b, f).clone()  # per latent frame
+    weight = torch.ones(b, 1, f, 1, 1, device=x0.device)
+    if first_frame is not None and first_frame.any():
+        xt[first_frame, :, 0] = x0[first_frame, :, 0]
+        t_frame[first_frame, 0] = 0
+        weight[first_frame, :, 0] = 0
+    if reference is not None:
+        xt = torch.cat([xt, reference], dim=2)
+        t_frame = torch.cat([t_frame, torch.zeros(b, 1, device=x0.device)], dim=1)
+    timestep = t_frame.repeat_interleave((h // ph) * (w // pw), dim=1)
+    pred = transformer(hidden_states=xt, timestep=timestep, encoder_hidden_states=text,
+                       return_dict=False)[0][:, :, :f]
+    err = (pred - target).pow(2) * weight
+    return err.sum() / (weight.sum() * pred.shape[1] * h * w)
+
+
+def step_mix(reference_share: float = 0.18) -> dict[str, float]:
+    """Probabilities of the denoiser's step kinds: ``reference_share`` of reference-to-video
+    clips, the rest images and clips 45 : 37 (the mix of steps 0-21036 was 0.45 / 0.37 /
+    0.18).
+
+    Raises:
+        ValueError: ``reference_share`` outside [0, 1).
+    """
+    if not 0 <= reference_share < 1:
+        raise ValueError(f"reference_share={reference_share}: must be in [0, 1)")
+    rest = (1 - reference_share) / 0.82
+    return {"image": 0.45 * rest, "clip": 0.37 * rest, "reference": reference_share}
+
+
+class DenoiserBatch(NamedTuple):
+    """One denoiser step's batch (``DenoiserTask.batch``, ``LatentPool.batch``).
+
+    Attributes:
+        captions: B captions ("" where dropped for classifier-free guidance).
+        pixels: uint8 (B, H, W, 3) images or (B, F, H, W, 3) clips, or, from the latent
+            pool, normalised latents (B, C, f, h, w).
+        refs: reference-to-video steps: the references as uint8 (B, H, W, 3) or latents
+            (B, C, 1, h, w); None on other steps.
+        first_frame: bool (B,): image-to-video samples (first latent frame clean).
+        ref_objects: reference steps: each reference object's (colour, shape); else None.
+    """
+
+    captions: list[str]
+    pixels: np.ndarray | torch.Tensor
+    refs: np.ndarray | torch.Tensor | None
+    first_frame: np.ndarray
+    ref_objects: list[tuple[str, str]] | None = None
+
+
+def reference_word_targets(task: DenoiserTask, objects: list[tuple[str, str]],
+                           encoder: torch.nn.Module | None = None) -> torch.Tensor:
+    """What the first two reference tokens are trained toward: the text encoder's embeddings
+    of the words "<colour> <shape>" (B, 2, text_dim), detached.
+
+    The denoiser already reads colour and shape from those embeddings in its cross-attention;
+    a reference encoder whose tokens land on them hands the reference's object over in words
+    it knows. After ELITE (Wei et al., ICCV 2023: a reference image mapped into the text
+    encoder's word-embedding space) and Wan 2.1 I2V (image tokens beside the text tokens).
+    ``encoder``: the text encoder to use (default the task's live one).
+    """
+    with torch.no_grad():
+        return task.encode_text([f"{c} {s}" for c, s in objects], encoder)[:, :2].detach()
+
+
+def alignment_error(tokens: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Normalised squared error of reference tokens (B, 2, D) against their word targets
+    (B, 2, D): the mean squared error over the targets' mean square (1: all-zero tokens)."""
+    return (tokens - target).pow(2).mean() / target.pow(2).mean().clamp_min(1e-8)
+
+
+class DenoiserTask(TrainTask):
+    """Flow matching (rectified flow) of the Wan denoiser and the text encoder on VAE latents.
+
+    x_t = (1 - s) x_0 + s e with s ~ sigmoid(N(m, 1)) (logit-normal, as in SD3; ``m``:
+    ``noise_level_mean``, 0 by default, > 0 weighs the high noise levels where sampling
+    decides the composition more), target
+    e - x_0, timestep s * 1000: exactly what ``FlowMatchEulerDiscreteScheduler`` integrates.
+    Step kinds: images (one latent frame), clips (three latent frames; 40 % of them
+    image-to-video: the first latent frame clean with timestep 0, as Wan 2.2 TI2V's
+    ``expand_timesteps``), and reference-to-video clips (a clean reference latent frame
+    appended after the clip, timestep 0, the caption without colour and shape, 70 % of the
+    time). 10 % of captions are dropped for classifier-free guidance.
+
+    ``reference_alignment`` > 0 adds, on reference steps, that weight times the normalised
+    squared error between the first two reference tokens and the text embeddings of the
+    reference object's colour and shape words (:func:`reference_word_targets`), so the
+    reference encoder speaks the denoiser's language; ``reference_lr_scale`` multiplies the
+    reference encoder's learning rate (it trains from far behind the denoiser).
+
+    Reference clips also get the reference's tokens from a small image encoder
+    (:func:`build_reference_encoder`, trained with the denoiser, module
+    ``reference_encoder``) appended to the text embeddings; 10 % of them are zeroed (the
+    unconditional branch's tokens at sampling). Why: in 20,000 steps the denoiser never
+    learned to look the object up in the appended frame (its loss was the same with another
+    clip's reference), while it reads colour and shape from cross-attention tokens well; Wan
+    2.1 I2V likewise gives its image both as latents and as CLIP tokens. The module was added
+    at step 20038 and is optional in older checkpoints (it starts fresh).
+    """
+
+    optional_modules = frozenset({"reference_encoder", "ema_reference_encoder"})
+    step_kinds = step_mix()  # the default mix; an instance's comes from reference_share
+
+    def __init__(self, device: torch.device, vae, *, image_batch: int = 48,
+                 clip_batch: int = 12, ema_decay: float = 0.999, pool: bool = False,
+                 reference_share: float = 0.18, noise_level_mean: float = 0.0,
+                 reference_alignment: float = 0.0, reference_lr_scale: float = 1.0):
+        import copy
+
+        step_kinds = step_mix(reference_share)  # bad input fails before anything is built
+        if not -3.0 <= noise_level_mean <= 3.0:
+            raise ValueError(f"noise_level_mean={noise_level_mean}: must be in [-3, 3]")
+        if not 0.0 <= reference_alignment <= 10.0:
+            raise ValueError(f"reference_alignment={reference_alignment}: must be in [0, 10]")
+        if not 0.0 < reference_lr_scale <= 100.0:
+            raise ValueError(f"reference_lr_scale={reference_lr_scale}: must be in (0, 100]")
+        self.noise_level_mean = noise_level_mean
+        self.reference_alignment, self.reference_lr_scale = reference_alignment, reference_lr_scale
+        self.device = device
+        self.vae = vae.to(device).eval().requires_grad_(False)
+        self.tokenizer, self.text_encoder = build_text_stack()
+        self.text_encoder.to(device)
+        self.transformer = build_denoiser().to(device)
+        self.ema_text = copy.deepcopy(self.text_encoder).requires_grad_(False)
+        self.ema_transformer = copy.deepcopy(self.transformer).requires_grad_(False)
+        self.reference_encoder = build_reference_encoder().to(device)
+        self.ema_reference_encoder = copy.deepcopy(self.reference_encoder).requires_grad_(False)
+        self.image_batch, self.clip_batch, self.ema_decay = image_batch, clip_batch, ema_decay
+        self.step_kinds = step_kinds
+        self.latents_mean, self.latents_std = self.latent_stats()
+        self.pool = LatentPool(self) if pool else None
+
+    def modules(self):
+        return {"text_encoder": self.text_encoder, "transformer": self.transformer,
+                "reference_encoder": self.reference_encoder,
+                "ema_text_encoder": self.ema_text, "ema_transformer": self.ema_transformer,
+                "ema_reference_encoder": self.ema_reference_encoder}
+
+    def lr_scales(self) -> dict[str, float]:
+        return {"reference_encoder": getattr(self, "reference_lr_scale", 1.0)}
+
+    @torch.no_grad()
+    def latent_stats(self, batches: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-channel mean and std of the VAE's latents over world images and clips."""
+        rng = np.random.default_rng(777)
+        zs = []
+        for i in range(batches):
+            pixels = next(world.batches(rng, 16, video=i % 2 == 1))[1]
+            zs.append(self.vae.encode(to_tensor(pixels, self.device)).latent_dist.mode()
+                      .transpose(0, 1).flatten(1))
+        z = torch.cat(zs, dim=1)
+        return z.mean(1), z.std(1)
+
+    @torch.no_grad()
+    def encode_pixels(self, pixels: np.ndarray) -> torch.Tensor:
+        """uint8 pixels -> normalised latents (B, C, f, h, w), as Wan's pipelines normalise."""
+        z = self.vae.encode(to_tensor(pixels, self.device)).latent_dist.mode()
+        view = (1, -1, 1, 1, 1)
+        return (z - self.latents_mean.view(view)) / self.latents_std.view(view)
+
+    def encode_text(self, captions: list[str], encoder=None) -> torch.Tensor:
+        """Text embeddings exactly as WanPipeline computes them (zero after the last token)."""
+        from types import SimpleNamespace
+
+        from diffusers import WanPipeline
+
+        host = SimpleNamespace(tokenizer=self.tokenizer,
+                               text_encoder=encoder or self.text_encoder)
+        return WanPipeline._get_t5_prompt_embeds(host, captions, 1, TEXT_LEN, self.device,
+                                                 torch.float32)
+
+    def batch(self, rng):
+        if getattr(self, "pool", None) is not None:
+            return self.pool.batch(rng)
+        kind = rng.choice(list(self.step_kinds), p=list(self.step_kinds.values()))
+        video = kind != "image"
+        n = self.clip_batch if video else self.image_batch
+        specs = [world.sample_scene(rng, video=video) for _ in range(n)]
+        captions = [world.caption(s, rng) for s in specs]
+        if video:
+            pixels = np.stack([world.render_clip(s, CLIP_FRAMES, SIZE, SIZE, rng)
+                               for s in specs])
+        else:
+            pixels = np.stack([world.render_image(s, SIZE, SIZE, rng) for s in specs])
+        refs = objects = None
+        if kind == "reference":
+            refs = np.stack([reference_image(s, rng) for s in specs])
+            captions = [anonymise(c) if rng.random() < 0.7 else c for c in captions]
+            objects = [(s.objects[0].colour, s.objects[0].shape) for s in specs]
+        first_frame = (rng.random(n) < 0.4) if kind == "clip" else np.zeros(n, bool)
+        drop = rng.random(n) < 0.1
+        captions = ["" if d else c for c, d in zip(captions, drop, strict=True)]
+        return DenoiserBatch(captions, pixels, refs, first_frame, objects)
+
+    def loss(self, batch: DenoiserBatch, gen):
+        captions, pixels, refs, first_frame, ref_objects = batch
+        # pixels (uint8) are encoded here; the latent pool hands latents over directly
+        x0 = pixels if torch.is_tensor(pixels) else self.encode_pixels(pixels)  # (B,C,f,h,w)
+        b = x0.shape[0]
+        s = torch.sigmoid(torch.randn(b, generator=gen) + self.noise_level_mean).to(self.device)
+        noise = torch.randn(x0.shape, generator=gen).to(self.device)
+        ref = None
+        if refs is not None:
+            ref = refs if torch.is_tensor(refs) else self.encode_pixels(refs)  # (B,C,1,h,w)
+        first = torch.from_numpy(np.asarray(first_frame, dtype=bool)).to(self.device)
+        text = self.encode_text(captions)
+        if ref is not None:
+            from studio.engine.pipelines.wan import reference_tokens
+
+            tokens = reference_tokens(self.reference_encoder, ref)
+            keep = (torch.rand(b, generator=gen) >= 0.1).to(tokens).view(b, 1, 1)
+            text = torch.cat([text, tokens * keep], dim=1)
+        loss = flow_matching_loss(self.transformer, x0, text, noise, s,
+                                  first_frame=first, reference=ref)
+        metrics = {}
+        if ref is not None and getattr(self, "reference_alignment", 0.0) > 0:
+            if ref_objects is None:
+                raise ValueError("reference_alignment needs the batch's ref_objects")
+            target = reference_word_targets(self, ref_objects)
+            align = alignment_error(tokens[:, :2], target)
+            loss = loss + self.reference_alignment * align
+            metrics["ref_align"] = float(align.detach())
+        return loss, metrics
+
+    @torch.no_grad()
+    def update_ema(self) -> None:
+        d = self.ema_decay
+        for ema, live in ((self.ema_text, self.text_encoder),
+                          (self.ema_transformer, self.transformer),
+                          (self.ema_reference_encoder, self.reference_encoder)):
+            for pe, pl in zip(ema.parameters(), live.parameters(), strict=True):
+                pe.lerp_(pl.detach(), 1 - d)
+
+    def pipeline(self, ema: bool = True):
+        """A WanImageToVideoPipeline (TI2V-style) over the current weights."""
+        from diffusers import FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline
+
+        vae = export_vae(self.vae, self.latents_mean, self.latents_std)
+        pipe = WanImageToVideoPipeline(
+            tokenizer=self.tokenizer, text_encoder=self.ema_text if ema else self.text_encoder,
+            vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=SCHEDULER_SHIFT),
+            transformer=self.ema_transformer if ema else self.transformer,
+            expand_timesteps=True)
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def on_checkpoint(self, out_dir, step):
+        from studio.tiny.sampling import adherence_report
+
+        report = adherence_report(self.pipeline(), n=32, steps=20, seed=step)
+        line = {"step": step, **report}
+        with open(out_dir / "eval_log.jsonl", "a") as fh:
+            fh.write(json.dumps(line) + "\n")
+        print(f"[dit] step {step}: {line}", file=sys.stderr, flush=True)
+        for m in (self.text_encoder, self.transformer, self.reference_encoder):
+            m.train()
+
+
+SCHEDULER_SHIFT = 2.0
+
+
+class LatentPool:
+    """Encoded training samples, reused: the VAE encode costs about a third of a denoiser
+    step on the CPU, so each step encodes only a few fresh samples into the pool (growing to
+    ``max_images`` / ``max_clips``, then replacing random entries) and draws its batch from
+    the pool. Scenes (not captions) are stored; each use draws a fresh caption, reference
+    anonymisation, first-frame conditioning and caption dropout, as the pixel path does.
+    The batch mix (``DenoiserTask.step_kinds``: by default 45 % images, 37 % clips, 18 %
+    reference clips) is the pixel path's.
+    """
+
+    def __init__(self, task: DenoiserTask, *, warm_images: int = 1024, warm_clips: int = 256,
+                 fresh_images: int = 6, fresh_clips: int = 2, max_images: int = 40_000,
+                 max_clips: int = 12_000, seed: int = 4242):
+        self.task = task
+        self.fresh_images, self.fresh_clips = fresh_images, fresh_clips
+        self.max_images, self.max_clips = max_images, max_clips
+        self.images: list[tuple] = []  # (spec, latent (C, 1, h, w))
+        self.clips: list[tuple] = []  # (spec, latent (C, f, h, w), reference latent (C, 1, h, w))
+        rng = np.random.default_rng(seed)
+        for _ in range(warm_images // 64):
+            self._add_images(rng, 64)
+        for _ in range(warm_clips // 16):
+            self._add_clips(rng, 16)
+
+    @torch.no_grad()
+    def _add_images(self, rng, n: int) -> None:
+        specs = [world.sample_scene(rng, video=False) for _ in range(n)]
+        pixels = np.stack([world.render_image(s, SIZE, SIZE, rng) for s in specs])
+        z = self.task.encode_pixels(pixels)
+        self._insert(self.images, self.max_images, rng,
+                     [(s, z[i].clone()) for i, s in enumerate(specs)])
+
+    @torch.no_grad()
+    def _add_clips(self, rng, n: int) -> None:
+        specs = [world.sample_scene(rng, video=True) for _ in range(n)]
+        pixels = np.stack([world.render_clip(s, CLIP_FRAMES, SIZE, SIZE, rng) for s in specs])
+        refs = np.stack([reference_image(s, rng) for s in specs])
+        z, zr = self.task.encode_pixels(pixels), self.task.encode_pixels(refs)
+        self._insert(self.clips, self.max_clips, rng,
+                     [(s, z[i].clone(), zr[i].clone()) for i, s in enumerate(specs)])
+
+    @staticmethod
+    def _insert(items: list, limit: int, rng, new: list) -> None:
+        for item in new:
+            if len(items) < limit:
+                items.append(item)
+            else:
+                items[int(rng.integers(len(items)))] = item
+
+    def batch(self, rng):
+        self._add_images(rng, self.fresh_images)
+        self._add_clips(rng, self.fresh_clips)
+        kinds = self.task.step_kinds
+        kind = rng.choice(list(kinds), p=list(kinds.values()))
+        video = kind != "image"
+        items = self.clips if video else self.images
+        n = self.task.clip_batch if video else self.task.image_batch
+        picked = [items[int(i)] for i in rng.integers(len(items), size=n)]
+        captions = [world.caption(p[0], rng) for p in picked]
+        latents = torch.stack([p[1] for p in picked])
+        refs = objects = None
+        if kind == "reference":
+            refs = torch.stack([p[2] for p in picked])
+            captions = [anonymise(c) if rng.random() < 0.7 else c for c in captions]
+            objects = [(p[0].objects[0].colour, p[0].objects[0].shape) for p in picked]
+        first_frame = (rng.random(n) < 0.4) if kind == "clip" else np.zeros(n, bool)
+        drop = rng.random(n) < 0.1
+        captions = ["" if d else c for c, d in zip(captions, drop, strict=True)]
+        return DenoiserBatch(captions, latents, refs, first_frame, objects)
