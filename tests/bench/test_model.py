@@ -58,6 +58,11 @@ def test_the_scorer_passes_perfect_outputs_and_fails_shuffled_ones(mode, caps):
     if mode == "r2v":
         assert perfect["reference_match"] >= 0.95
         assert shuffled["reference_match"] < 0.5
+        assert perfect["reference_colour_match"] >= 0.95
+        assert perfect["reference_shape_match"] >= 0.95
+        assert shuffled["reference_shape_match"] < 0.6
+        assert shuffled["reference_match"] <= min(shuffled["reference_colour_match"],
+                                                  shuffled["reference_shape_match"])
     else:
         assert shuffled["accuracy"]["colour"] < 0.5
     if mode == "i2v":
