@@ -74,13 +74,13 @@ class ReferenceAlignTask(TrainTask):
 
     @torch.no_grad()
     def _add(self, rng: np.random.Generator, n: int) -> None:
-        from studio.tiny.denoiser import LatentPool, reference_image
+        from studio.tiny.denoiser import insert_bounded, reference_image
 
         specs = [world.sample_scene(rng, video=True) for _ in range(n)]
         z = self.task.encode_pixels(np.stack([reference_image(s, rng) for s in specs]))
-        LatentPool._insert(self.pool, self.max_pool, rng,
-                           [(z[i].clone(), (s.objects[0].colour, s.objects[0].shape))
-                            for i, s in enumerate(specs)])
+        insert_bounded(self.pool, self.max_pool, rng,
+                       [(z[i].clone(), (s.objects[0].colour, s.objects[0].shape))
+                        for i, s in enumerate(specs)])
 
     def batch(self, rng):
         self._add(rng, self.fresh)

@@ -375,6 +375,16 @@ class DenoiserTask(TrainTask):
 SCHEDULER_SHIFT = 2.0
 
 
+def insert_bounded(items: list, limit: int, rng: np.random.Generator, new: list) -> None:
+    """Adds ``new`` to the pool ``items`` in place: appended while it holds fewer than
+    ``limit``, then each replaces a random entry (drawn from ``rng``)."""
+    for item in new:
+        if len(items) < limit:
+            items.append(item)
+        else:
+            items[int(rng.integers(len(items)))] = item
+
+
 class LatentPool:
     """Encoded training samples, reused: the VAE encode costs about a third of a denoiser
     step on the CPU, so each step encodes only a few fresh samples into the pool (growing to
@@ -404,8 +414,8 @@ class LatentPool:
         specs = [world.sample_scene(rng, video=False) for _ in range(n)]
         pixels = np.stack([world.render_image(s, SIZE, SIZE, rng) for s in specs])
         z = self.task.encode_pixels(pixels)
-        self._insert(self.images, self.max_images, rng,
-                     [(s, z[i].clone()) for i, s in enumerate(specs)])
+        insert_bounded(self.images, self.max_images, rng,
+                       [(s, z[i].clone()) for i, s in enumerate(specs)])
 
     @torch.no_grad()
     def _add_clips(self, rng, n: int) -> None:
@@ -413,16 +423,8 @@ class LatentPool:
         pixels = np.stack([world.render_clip(s, CLIP_FRAMES, SIZE, SIZE, rng) for s in specs])
         refs = np.stack([reference_image(s, rng) for s in specs])
         z, zr = self.task.encode_pixels(pixels), self.task.encode_pixels(refs)
-        self._insert(self.clips, self.max_clips, rng,
-                     [(s, z[i].clone(), zr[i].clone()) for i, s in enumerate(specs)])
-
-    @staticmethod
-    def _insert(items: list, limit: int, rng, new: list) -> None:
-        for item in new:
-            if len(items) < limit:
-                items.append(item)
-            else:
-                items[int(rng.integers(len(items)))] = item
+        insert_bounded(self.clips, self.max_clips, rng,
+                       [(s, z[i].clone(), zr[i].clone()) for i, s in enumerate(specs)])
 
     def batch(self, rng):
         self._add_images(rng, self.fresh_images)
