@@ -27,6 +27,15 @@ cpu`` then times the chosen profiles end to end, with the peers and adherence. W
 calibrated again. Writes ``bench/results/<date>-calibrate.json``.
 
     python -m bench calibrate [--write] [--prompts 6] [--guidance-reuse] [--resume]
+                              [--steps 20]
+
+``--steps`` sets the schedule length (default 20, the embedded model's default). The
+settings of one length go into ``studio.json`` as that length's entry of each profile's list
+(``{"steps": 50, ...}``, :func:`studio.engine.profiles.tuning_for_steps`): a job takes the
+setting calibrated nearest its own number of steps. A longer schedule skips more calls in a
+row (``MAX_SKIPS_LONG``, from 40 steps) and sweeps only the output signal, which won every
+20-step sweep here. The result file of a length other than 20 is
+``<date>-calibrate-<steps>steps.json``.
 
 ``--resume`` keeps the rows of today's result file that were measured on the same weights
 (training step) and prompts, and measures only the settings it lacks (a grid grown since,
@@ -61,6 +70,13 @@ THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.2, 2.0)
 # trajectory: another scale
 OUTPUT_THRESHOLDS = (0.0003, 0.0005, 0.001, 0.002, 0.004, 0.007, 0.01, 0.015, 0.02, 0.03)
 MAX_SKIPS = (1, 2, 4)
+# from 40 steps: at 50 steps every threshold from 0.002 up skipped the most ≤2 in a row
+# allowed (40 calls of 100), and ≤4 kept the worst clip at 0.97 (2026-12-02)
+MAX_SKIPS_LONG = (2, 3, 4, 6)
+# warm-up 8 instead of 5 cost 4 more calls at 50 steps and kept no prompt better (worst t2i
+# 0.885 against 0.895 at threshold 0.002, ≤4 skips); thresholds past 0.01 gave no fewer calls
+OUTPUT_THRESHOLDS_LONG = (0.002, 0.004, 0.007, 0.01)
+LONG_SCHEDULE = 40
 ORDERS = (1,)  # order 2 never won a sweep here (2026-11-30) and doubles its cost
 MAX_SKIPS_WITH_REUSE = (2, 4)
 # full steps before the first skip: the block and input signals need 2 calls, the output
@@ -106,8 +122,22 @@ def choose(rows: list[dict]) -> dict[str, dict | None]:
     return chosen
 
 
-def _result_path() -> Path:
-    return ROOT / "bench" / "results" / f"{time.strftime('%Y-%m-%d')}-calibrate.json"
+DEFAULT_STEPS = 20
+
+
+def _result_path(steps: int = DEFAULT_STEPS) -> Path:
+    suffix = "" if steps == DEFAULT_STEPS else f"-{steps}steps"
+    return ROOT / "bench" / "results" / f"{time.strftime('%Y-%m-%d')}-calibrate{suffix}.json"
+
+
+def merge_tuning(current: dict | list | None, setting: dict, steps: int) -> list[dict]:
+    """A profile's studio.json ``step_cache`` entry with ``setting`` (calibrated at
+    ``steps``) put in: a list sorted by ``"steps"``, replacing the setting of that length.
+    A single setting without ``"steps"`` (written before lists) was calibrated at 20."""
+    items = [] if not current else ([current] if isinstance(current, dict) else list(current))
+    items = [{"steps": DEFAULT_STEPS, **it} if "steps" not in it else dict(it) for it in items]
+    items = [it for it in items if it["steps"] != steps] + [{"steps": steps, **setting}]
+    return sorted(items, key=lambda it: it["steps"])
 
 
 def _row_key(row: dict) -> str:
@@ -116,9 +146,9 @@ def _row_key(row: dict) -> str:
                       sort_keys=True)
 
 
-def _earlier_rows(prompts: list[str]) -> dict[str, dict]:
+def _earlier_rows(prompts: list[str], steps: int = DEFAULT_STEPS) -> dict[str, dict]:
     """Today's rows by setting, when they were measured on these weights and prompts."""
-    path = _result_path()
+    path = _result_path(steps)
     if not path.exists():
         return {}
     earlier = json.loads(path.read_text())
@@ -131,18 +161,20 @@ def _earlier_rows(prompts: list[str]) -> dict[str, dict]:
 
 
 def _write_result(argv: list[str], prompts: list[str], runners: dict, rows: list[dict], *,
-                  chosen: dict | None = None, partial: bool = False) -> Path:
+                  chosen: dict | None = None, partial: bool = False,
+                  steps: int = DEFAULT_STEPS) -> Path:
     """Writes the result JSON atomically (``partial``: the sweep is still running)."""
     studio = json.loads((EMBEDDED / "studio.json").read_text())
     result = {"command": ("python -m bench calibrate " + " ".join(argv)).strip(),
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.platform(),
               "torch_threads": torch.get_num_threads(), "model": studio.get("description", ""),
               "training_step": studio.get("training_step"), "prompts": prompts,
+              "steps": steps,
               "baseline_full_denoiser_calls":
                   runners["embedded-t2i"][0].baseline["full_denoiser_calls"],
               "floors": FLOORS, "rows": rows, "partial": partial,
               "chosen": chosen or {}}
-    path = _result_path()
+    path = _result_path(steps)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=1))
@@ -163,9 +195,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--guidance-reuse", action="store_true",
                     help="also sweep guidance reuse (no profile took it on the 2026-11-30 "
                          "weights: worst SSIM 0.69-0.88)")
+    ap.add_argument("--steps", type=int, default=DEFAULT_STEPS,
+                    help=f"denoising steps (default {DEFAULT_STEPS}; from {LONG_SCHEDULE} the "
+                         "output signal only, with longer runs of skips)")
     args = ap.parse_args(argv)
     if args.prompts < 1:
         ap.error("--prompts: must be at least 1")
+    if not 4 <= args.steps <= 200:
+        ap.error(f"--steps: {args.steps} must be in 4..200")
+    long_schedule = args.steps >= LONG_SCHEDULE
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = eval_prompts(args.prompts)
@@ -177,7 +215,7 @@ def main(argv: list[str]) -> int:
     prompts = [*cases[0].prompts, *prompts]
     videos = max(2, len(prompts) // 2)
     # one prompt per run, as the studio runs them (a batch shares its skip decisions)
-    items = {c.name: [Case(c.name, c.pipe, c.call, [p], c.steps, c.eval_mode)
+    items = {c.name: [Case(c.name, c.pipe, c.call, [p], args.steps, c.eval_mode)
                       for p in (prompts if c.eval_mode == "t2i" else prompts[:videos])]
              for c in cases}
     runners: dict[str, list[Runner]] = {}
@@ -189,15 +227,21 @@ def main(argv: list[str]) -> int:
                 runner.baseline = runner.measure(Method("baseline", "baseline", "stock"))
                 runners[name].append(runner)
         rows = []
-        earlier = _earlier_rows(prompts) if args.resume else {}
+        earlier = _earlier_rows(prompts, args.steps) if args.resume else {}
         def thresholds(signal):
+            if long_schedule:
+                return OUTPUT_THRESHOLDS_LONG
             return OUTPUT_THRESHOLDS if signal == "output" else THRESHOLDS
 
         def warmups(signal):
+            if long_schedule:
+                return (5,)
             return OUTPUT_WARMUPS if signal == "output" else (2,)
 
-        grid = [(sig, t, s, o, w, None) for sig in SIGNALS for w, t, s, o in
-                itertools.product(warmups(sig), thresholds(sig), MAX_SKIPS, ORDERS)]
+        signals = ("output",) if long_schedule else SIGNALS
+        skips_grid = MAX_SKIPS_LONG if long_schedule else MAX_SKIPS
+        grid = [(sig, t, s, o, w, None) for sig in signals for w, t, s, o in
+                itertools.product(warmups(sig), thresholds(sig), skips_grid, ORDERS)]
         if args.guidance_reuse:
             grid += [(sig, t, s, 1, warmups(sig)[0], reuse_config) for sig in SIGNALS
                      for t, s in itertools.product(thresholds(sig), MAX_SKIPS_WITH_REUSE)]
@@ -227,7 +271,7 @@ def main(argv: list[str]) -> int:
             row["worst_calls"] = max(row[n]["full_denoiser_calls"] for n in runners)
             row["worst_ssim"] = min(row[n]["ssim"] for n in runners)
             rows.append(row)
-            _write_result(argv, prompts, runners, rows, partial=True)
+            _write_result(argv, prompts, runners, rows, partial=True, steps=args.steps)
             print(f"{signal} signal, threshold {threshold:<5} skips {skips} order {order} "
                   f"warm-up {warmup}"
                   f"{' +reuse' if reuse else ''}: "
@@ -254,11 +298,15 @@ def main(argv: list[str]) -> int:
     reuse_tuning = {p: r["guidance_reuse"] for p, r in chosen.items()
                     if r is not None and r["guidance_reuse"]}
     path = _write_result(argv, prompts, runners, rows, chosen={
-        "step_cache": tuning, "guidance_reuse": reuse_tuning})
+        "step_cache": tuning, "guidance_reuse": reuse_tuning}, steps=args.steps)
     print(f"wrote {path}")
     if args.write and tuning:
-        studio["step_cache"] = tuning
-        studio["guidance_reuse"] = reuse_tuning
+        current = studio.get("step_cache") or {}
+        studio["step_cache"] = {p: merge_tuning(current.get(p), tuning[p], args.steps)
+                                if p in tuning else current[p]
+                                for p in dict.fromkeys([*current, *tuning])}
+        if args.steps == DEFAULT_STEPS:  # guidance reuse has no per-length settings
+            studio["guidance_reuse"] = reuse_tuning
         tmp_path = studio_path.with_suffix(".json.tmp")
         tmp_path.write_text(json.dumps(studio, indent=2) + "\n")
         tmp_path.replace(studio_path)

@@ -245,15 +245,16 @@ class Method:
     info: dict = field(default_factory=dict)
 
 
-def ours(profile: str, config=None, tuning: dict | None = None) -> Method:
+def ours(profile: str, config=None, tuning: dict | None = None,
+         steps: int | None = None) -> Method:
     """The profile's levers as the engine sets them for a model with ``tuning`` (its
-    studio.json: calibrated step cache settings, guidance reuse), or the step cache at
-    ``config``."""
+    studio.json: calibrated step cache settings, guidance reuse) for a job of ``steps``
+    steps, or the step cache at ``config``."""
     from studio.engine.caching import apply_step_cache, remove_step_cache
     from studio.engine.caching.cfg_reuse import apply_cfg_reuse, remove_cfg_reuse
     from studio.engine.profiles import levers_for
 
-    levers = levers_for(profile, "cpu", tuning)
+    levers = levers_for(profile, "cpu", tuning, steps)
     cfg = config or levers.step_cache
     reuse = None if config is not None else levers.guidance_reuse
 
@@ -273,14 +274,15 @@ def ours(profile: str, config=None, tuning: dict | None = None) -> Method:
     return Method(f"ours/{profile}", "ours", setting, setup=setup, teardown=teardown)
 
 
-def ours_with_guidance_reuse(profile: str, reuse=None, tuning: dict | None = None) -> Method:
+def ours_with_guidance_reuse(profile: str, reuse=None, tuning: dict | None = None,
+                             steps: int | None = None) -> Method:
     """Our step cache of ``profile`` plus guidance reuse (the unconditional branch every
     other step after 3 warm-up steps, its difference to the conditional one forecast)."""
     from studio.engine.caching import apply_step_cache, remove_step_cache
     from studio.engine.caching.cfg_reuse import CfgReuseConfig, apply_cfg_reuse, remove_cfg_reuse
     from studio.engine.profiles import levers_for
 
-    cfg = levers_for(profile, "cpu", tuning).step_cache
+    cfg = levers_for(profile, "cpu", tuning, steps).step_cache
     reuse = reuse or CfgReuseConfig()
 
     def setup(t):
@@ -297,7 +299,8 @@ def ours_with_guidance_reuse(profile: str, reuse=None, tuning: dict | None = Non
                   setup=setup, teardown=teardown)
 
 
-def ours_with_token_reuse(profile: str, reuse=None, tuning: dict | None = None) -> Method:
+def ours_with_token_reuse(profile: str, reuse=None, tuning: dict | None = None,
+                          steps: int | None = None) -> Method:
     """Our step cache of ``profile`` plus token reuse on the full steps (each linear layer
     recomputes only the tokens whose input moved; issue 6's video redundancy lever)."""
     from studio.engine.caching import apply_step_cache, remove_step_cache
@@ -308,7 +311,7 @@ def ours_with_token_reuse(profile: str, reuse=None, tuning: dict | None = None) 
     )
     from studio.engine.profiles import levers_for
 
-    cfg = levers_for(profile, "cpu", tuning).step_cache
+    cfg = levers_for(profile, "cpu", tuning, steps).step_cache
     reuse = reuse or TokenReuseConfig()
 
     def setup(t):
@@ -575,7 +578,10 @@ def match(runner: Runner, make: Callable[[float], Method], grid: list[float],
     return best
 
 
-def run_case(case: Case, runs: int, adherence_n: int, peers: tuple[str, ...]) -> list[dict]:
+def run_case(case: Case, runs: int, adherence_n: int, peers: tuple[str, ...],
+             combined: bool = True) -> list[dict]:
+    """The rows of one case: the baseline, each profile's step cache (with ``combined``,
+    also plus guidance reuse and, for video, token reuse), each usable peer matched to it."""
     print(f"[{case.name}] {case.steps} steps", flush=True)
     runner = Runner(case, runs, adherence_n)
     rows = [runner.measure(BASELINE)]
@@ -600,19 +606,24 @@ def run_case(case: Case, runs: int, adherence_n: int, peers: tuple[str, ...]) ->
             continue
         usable[peer] = (make, grid, continuous)
     for profile in PROFILES:
-        mine = runner.measure(ours(profile, tuning=case.tuning))
+        mine = runner.measure(ours(profile, tuning=case.tuning, steps=case.steps))
         mine["profile"] = profile
         rows.append(mine)
-        if case.guided:  # the lever acts on separate cond/uncond calls
-            extra = runner.measure(ours_with_guidance_reuse(profile, tuning=case.tuning))
+        if combined and case.guided:  # the lever acts on separate cond/uncond calls
+            extra = runner.measure(ours_with_guidance_reuse(profile, tuning=case.tuning,
+                                                            steps=case.steps))
             extra["profile"] = profile
             rows.append(extra)
-        if case.eval_mode == "t2v":  # video: tokens that do not move across steps
-            extra = runner.measure(ours_with_token_reuse(profile, tuning=case.tuning))
+        if combined and case.eval_mode == "t2v":  # video: tokens that do not move across steps
+            extra = runner.measure(ours_with_token_reuse(profile, tuning=case.tuning,
+                                                         steps=case.steps))
             extra["profile"] = profile
             rows.append(extra)
         target = mine["full_denoiser_calls"]
         for peer, (make, grid, continuous) in usable.items():
+            if peer == "fewer-steps":  # k steps make k calls per step: start next to it
+                near = round(target / case.denoiser_calls_per_step)
+                grid = [float(k) for k in range(min(near + 1, case.steps - 1), 1, -1)]
             method, _ = match(runner, make, grid, continuous, target)
             row = runner.measure(method)
             row.update(profile=profile, peer=peer)
@@ -688,10 +699,23 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def write_doc(table: str, plotted: bool) -> None:
+def plot_path(steps: int) -> Path:
+    """The speed-versus-quality plot of a run at ``steps`` (20: the default one)."""
+    return PLOT if steps == 20 else PLOT.with_name(f"{PLOT.stem}-{steps}steps{PLOT.suffix}")
+
+
+def write_doc(table: str, plotted: bool, steps: int = 20) -> None:
+    """Puts the table (and plot) into docs/PERFORMANCE.md: the block ``cpu`` for the default
+    20 steps, ``cpu-<steps>steps`` for another schedule length."""
     if plotted:
-        table += f"\n\n![speed versus quality]({PLOT.relative_to(DOC.parent).as_posix()})"
-    write_block("cpu", table, "Step caching on the CPU (`python -m bench cpu`)")
+        rel = plot_path(steps).relative_to(DOC.parent).as_posix()
+        table += f"\n\n![speed versus quality]({rel})"
+    if steps == 20:
+        write_block("cpu", table, "Step caching on the CPU (`python -m bench cpu`)")
+    else:
+        write_block(f"cpu-{steps}steps", table,
+                    f"Step caching on the CPU at {steps} steps (`python -m bench cpu --steps "
+                    f"{steps}`)")
 
 
 def main(argv: list[str]) -> int:
@@ -704,10 +728,18 @@ def main(argv: list[str]) -> int:
                     help="held-out prompts scored per configuration on the embedded model")
     ap.add_argument("--quick", action="store_true", help="2 runs, 4 prompts, no doc update")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    ap.add_argument("--steps", type=int, default=20,
+                    help="denoising steps of every case (default 20, the embedded model's "
+                         "default; diffusers' Wan and Flux pipelines default to 50 and 28)")
+    ap.add_argument("--cache-only", action="store_true",
+                    help="our step cache alone per profile: no rows with guidance or token "
+                         "reuse added")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error("--runs: must be at least 1")
+    if not 4 <= args.steps <= 200:
+        ap.error(f"--steps: {args.steps} must be in 4..200")
     peers = tuple(p for p in args.peers.split(",") if p)
     bad = set(peers) - set(PEERS)
     if bad:
@@ -720,22 +752,35 @@ def main(argv: list[str]) -> int:
     only = {c for c in args.cases.split(",") if c} or None
     rows: list[dict] = []
     started = time.time()
-    with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
-        for case in build_cases(Path(tmp), only):
-            rows += run_case(case, args.runs, args.adherence_prompts, peers)
     command = "python -m bench cpu " + " ".join(argv)
-    result = {"command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "seconds": round(time.time() - started, 1), "machine": platform.platform(),
-              "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
-              "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = f"{time.strftime('%Y-%m-%d')}-cpu{'-quick' if args.quick else ''}.json"
-    (out / name).write_text(json.dumps(result, indent=1, default=str))
+    name = (f"{time.strftime('%Y-%m-%d')}-cpu{'' if args.steps == 20 else f'-{args.steps}steps'}"
+            f"{'-quick' if args.quick else ''}.json")
+
+    def save(partial: bool) -> dict:
+        """The result so far, written atomically after each case (``partial`` until the
+        last), so a run cut off keeps the cases it finished."""
+        result = {"command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                  "seconds": round(time.time() - started, 1), "machine": platform.platform(),
+                  "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
+                  "steps": args.steps, "partial": partial, "rows": rows}
+        tmp_file = out / (name + ".tmp")
+        tmp_file.write_text(json.dumps(result, indent=1, default=str))
+        tmp_file.replace(out / name)
+        return result
+
+    with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
+        for case in build_cases(Path(tmp), only):
+            case.steps = args.steps
+            rows += run_case(case, args.runs, args.adherence_prompts, peers,
+                             combined=not args.cache_only)
+            save(partial=True)
+    result = save(partial=False)
     table = markdown(rows, result["command"])
     print(table)
     if not args.quick:
-        plot(rows, PLOT)
-        write_doc(table, plotted=True)
+        plot(rows, plot_path(args.steps))
+        write_doc(table, plotted=True, steps=args.steps)
     print(f"wrote {out / name}")
     return 0

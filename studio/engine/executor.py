@@ -286,7 +286,8 @@ class JobExecutor:
             request, entry = self.prepare(job)
             from studio.engine.profiles import levers_for
 
-            levers = levers_for(request.optimization.profile, self.device, entry.tuning)
+            levers = levers_for(request.optimization.profile, self.device, entry.tuning,
+                                request.steps)
             runner, load_s = self.runner_for(entry, levers.precision)
             t_denoise = [0.0]
 

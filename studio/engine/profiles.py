@@ -7,7 +7,10 @@ numerically the stock diffusers result (every lever off).
 
 Per-model tuning: a model folder's ``studio.json`` may carry ``"step_cache": {"balanced":
 {"threshold": 0.2}, ...}``, calibrated for that model with ``python -m bench calibrate``; its
-fields replace the profile's defaults for that model.
+fields replace the profile's defaults for that model. A profile's entry may also be a list of
+such settings, each with the schedule length it was calibrated at (``"steps": 20``): a job
+takes the one calibrated nearest its own number of steps (a 20-step trajectory allows fewer
+skips in a row than a 50-step one; :func:`tuning_for_steps`).
 
 The table of levers, as shipped (``python -m studio.engine.profiles`` prints it):
 see :data:`PROFILE_TABLE_HEADER` and :func:`profile_table`.
@@ -124,9 +127,48 @@ class ProfileLevers:
         return f"profile {self.profile}: " + ", ".join(parts)
 
 
+def tuning_for_steps(entry: dict | list | None, steps: int | None, where: str) -> dict | None:
+    """The calibrated setting of one profile for a job of ``steps`` denoising steps.
+
+    Args:
+        entry: a studio.json ``step_cache.<profile>`` value: one setting (a dict, for every
+            step count) or a list of settings each with ``"steps"``, the schedule length it
+            was calibrated at.
+        steps: the job's number of steps; None takes the first setting.
+        where: the field's name for errors (``"studio.json step_cache.fast"``).
+    Returns:
+        The setting's fields without ``"steps"`` (None: no entry). Of a list, the setting
+        calibrated nearest ``steps`` on a log scale (a tie goes to the shorter schedule).
+    Raises:
+        ValueError: a list item that is not a dict with a positive integer ``"steps"``.
+    """
+    import math
+
+    if not entry:
+        return None
+    if isinstance(entry, dict):
+        return {k: v for k, v in entry.items() if k != "steps"}
+    if not isinstance(entry, list):
+        raise ValueError(f"{where}: expected a setting or a list of settings, got "
+                         f"{type(entry).__name__}")
+    for i, item in enumerate(entry):
+        n = item.get("steps") if isinstance(item, dict) else None
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{where}[{i}]: each setting of a list needs \"steps\", the "
+                             "positive integer number of steps it was calibrated at")
+    if steps is None:
+        chosen = entry[0]
+    else:
+        chosen = min(entry, key=lambda it: (abs(math.log(max(steps, 1) / it["steps"])),
+                                            it["steps"]))
+    return {k: v for k, v in chosen.items() if k != "steps"}
+
+
 def levers_for(profile: str, device: torch.device | str = "cpu",
-               tuning: dict | None = None) -> ProfileLevers:
-    """The levers of ``profile`` on ``device`` for a model with ``tuning`` (its studio.json).
+               tuning: dict | None = None, steps: int | None = None) -> ProfileLevers:
+    """The levers of ``profile`` on ``device`` for a model with ``tuning`` (its studio.json),
+    for a job of ``steps`` denoising steps (picks among step cache settings calibrated at
+    several schedule lengths; None: the first).
 
     Raises:
         ValueError: an unknown profile (names the allowed ones), or bad tuning values.
@@ -142,7 +184,8 @@ def levers_for(profile: str, device: torch.device | str = "cpu",
             return ProfileLevers(profile)
         return ProfileLevers(profile, attention=forced.kernel, attention_config=forced)
     cache = DEFAULT_STEP_CACHE[profile]
-    override = ((tuning or {}).get("step_cache") or {}).get(profile)
+    override = tuning_for_steps(((tuning or {}).get("step_cache") or {}).get(profile), steps,
+                                f"studio.json step_cache.{profile}")
     if override:
         try:
             cache = replace(cache, **override)

@@ -41,3 +41,20 @@ def test_resume_reuses_only_rows_measured_on_the_same_weights_and_prompts(tmp_pa
     assert calibrate._earlier_rows(["another prompt"]) == {}
     (tmp_path / "model" / "studio.json").write_text(json.dumps({"training_step": 8}))
     assert calibrate._earlier_rows(["a red star"]) == {}  # other weights
+
+
+def test_a_setting_of_another_schedule_length_joins_the_profile_list():
+    from bench.calibrate import merge_tuning
+
+    old = {"signal": "output", "threshold": 0.002, "max_consecutive_skips": 2}
+    new = {"signal": "output", "threshold": 0.007, "max_consecutive_skips": 4}
+    merged = merge_tuning(old, new, 50)  # a setting written before lists was for 20 steps
+    assert merged == [{"steps": 20, **old}, {"steps": 50, **new}]
+    again = merge_tuning(merged, {**new, "threshold": 0.004}, 50)  # same length: replaced
+    assert [it["steps"] for it in again] == [20, 50] and again[1]["threshold"] == 0.004
+    assert merge_tuning(None, new, 20) == [{"steps": 20, **new}]
+    # a 50-step calibration leaves the result file of the 20-step one alone
+    import bench.calibrate as calibrate
+
+    assert calibrate._result_path(50).name.endswith("-calibrate-50steps.json")
+    assert calibrate._result_path().name.endswith("-calibrate.json")

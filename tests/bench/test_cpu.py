@@ -29,6 +29,22 @@ def test_quick_run_on_tiny_wan(tmp_path):
                and r["timed_prompt_calls"] == r["full_denoiser_calls"] for r in measured)
 
 
+def test_another_schedule_length_and_the_cache_alone(tmp_path):
+    """``--steps`` runs every configuration at that length (the baseline's calls follow,
+    fewer steps is matched from below it) into its own file; ``--cache-only`` leaves out the
+    rows that add guidance or token reuse."""
+    assert cpu.main(["--quick", "--cases", "tiny-wan", "--peers", "fewer-steps", "--steps", "8",
+                     "--cache-only", "--out", str(tmp_path)]) == 0
+    [result_file] = tmp_path.glob("*-cpu-8steps-quick.json")
+    result = json.loads(result_file.read_text())
+    assert result["steps"] == 8 and result["partial"] is False
+    rows = result["rows"]
+    assert rows[0]["method"] == "baseline" and rows[0]["full_denoiser_calls"] == 16.0
+    assert not any("+" in r["method"] for r in rows)
+    fewer = [r for r in rows if r.get("peer") == "fewer-steps" and "latency_s" in r]
+    assert fewer and all(r["full_denoiser_calls"] < 16.0 for r in fewer)
+
+
 def test_embedded_cases_measure_quality_over_held_out_prompts(tmp_path):
     """The embedded model's cases time one prompt and score work and quality over
     QUALITY_PROMPTS prompts, the first being the timed one."""

@@ -431,3 +431,26 @@ def test_the_output_signal_goes_inside_cfg_parallel_and_leaves_it_in_place(wan):
         got = model(x, torch.tensor([500.0]), text, return_dict=False)[0]
     assert outer.calls == 7
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_job_takes_the_step_cache_setting_calibrated_nearest_its_schedule():
+    from studio.engine.profiles import tuning_for_steps
+
+    short = {"steps": 20, "signal": "output", "threshold": 0.002, "max_consecutive_skips": 2}
+    long = {"steps": 50, "signal": "output", "threshold": 0.007, "max_consecutive_skips": 4}
+    tuning = {"step_cache": {"fast": [short, long], "balanced": {"threshold": 0.3}}}
+    assert levers_for("fast", "cpu", tuning, 20).step_cache.max_consecutive_skips == 2
+    assert levers_for("fast", "cpu", tuning, 28).step_cache.max_consecutive_skips == 2
+    assert levers_for("fast", "cpu", tuning, 36).step_cache.max_consecutive_skips == 4
+    assert levers_for("fast", "cpu", tuning, 50).step_cache.threshold == 0.007
+    assert levers_for("fast", "cpu", tuning, 8).step_cache.threshold == 0.002
+    assert levers_for("fast", "cpu", tuning).step_cache.threshold == 0.002  # no steps: first
+    # a single setting holds for every length; "steps" is not a StepCacheConfig field
+    assert levers_for("balanced", "cpu", tuning, 50).step_cache.threshold == 0.3
+    assert tuning_for_steps({"steps": 20, "threshold": 0.1}, 50, "x") == {"threshold": 0.1}
+    # sqrt(20 * 50) ~ 31.6: the tie-break is by log distance, the shorter schedule on a tie
+    assert tuning_for_steps([{"steps": 10, "a": 1}, {"steps": 40, "a": 2}], 20, "x") == {"a": 1}
+    with pytest.raises(ValueError, match=r"step_cache.fast\[1\].*steps"):
+        levers_for("fast", "cpu", {"step_cache": {"fast": [short, {"threshold": 0.1}]}}, 20)
+    with pytest.raises(ValueError, match="step_cache.fast: expected"):
+        levers_for("fast", "cpu", {"step_cache": {"fast": 0.5}}, 20)

@@ -314,7 +314,8 @@ class FamilyRunner:
         job's levers). Returns notes for the user."""
         from studio.engine.profiles import apply_levers, levers_for
 
-        levers = levers_for(request.optimization.profile, self.device, self.entry.tuning)
+        levers = levers_for(request.optimization.profile, self.device, self.entry.tuning,
+                            request.steps)
         return apply_levers(self.denoisers(), levers)
 
     def result(self, frames, timings: dict[str, float], clock: StageClock,
