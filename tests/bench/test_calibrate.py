@@ -18,6 +18,17 @@ def test_each_profile_gets_the_least_work_meeting_its_floor():
     assert choose([row(15.0, 0.5, 2.0)]) == {p: None for p in FLOORS}
 
 
+def test_a_looser_floor_needs_a_real_saving_to_take_a_worse_setting():
+    rows = [row(40.0, 0.99, 0.1), row(29.3, 0.976, 0.2), row(28.3, 0.908, 0.7)]
+    chosen = choose(rows)
+    assert chosen["balanced"]["threshold"] == 0.2
+    assert chosen["fast"]["threshold"] == 0.2  # 3 % less work is not worth SSIM 0.908
+    chosen = choose([*rows, row(25.0, 0.91, 0.9)])  # 15 % less: taken
+    assert chosen["fast"]["threshold"] == 0.9
+    # no stricter setting meets its floor: the looser one stands alone
+    assert choose([row(20.0, 0.93, 0.5)])["fast"]["threshold"] == 0.5
+
+
 def test_resume_reuses_only_rows_measured_on_the_same_weights_and_prompts(tmp_path, monkeypatch):
     import json
 
