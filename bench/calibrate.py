@@ -76,7 +76,7 @@ MAX_SKIPS = (1, 2, 4)
 MAX_SKIPS_LONG = (2, 4, 6, 8)
 # warm-up 8 instead of 5 cost 4 more calls at 50 steps and kept no prompt better (worst t2i
 # 0.885 against 0.895 at threshold 0.002, ≤4 skips); thresholds past 0.01 gave no fewer calls
-OUTPUT_THRESHOLDS_LONG = (0.002, 0.004, 0.007, 0.01)
+OUTPUT_THRESHOLDS_LONG = (0.0005, 0.001, 0.002, 0.004, 0.007, 0.01)
 # over 4-6 skipped steps of 50 the last output held (order 0, a long Euler step) did as well
 # as the linear forecast on the calibration prompts (threshold 0.002, ≤6: worst 0.945 / 0.977
 # against 0.977 / 0.976): both are swept
@@ -161,6 +161,22 @@ def _row_key(row: dict) -> str:
     return json.dumps({k: row[k] for k in ("signal", "threshold", "max_consecutive_skips",
                                            "order", "warmup_steps", "guidance_reuse")},
                       sort_keys=True)
+
+
+def merged_step_cache(current: dict, tuning: dict, steps: int) -> dict:
+    """studio.json's ``step_cache`` after a calibration at ``steps``: each profile of
+    ``tuning`` gets that length's setting put in (:func:`merge_tuning`); a profile for which
+    nothing met its floor at this length loses its old setting of this length (it then takes
+    the nearest other length's), and disappears when it had no other."""
+    merged = {}
+    for p in dict.fromkeys([*current, *FLOORS]):
+        if p in tuning:
+            merged[p] = merge_tuning(current.get(p), tuning[p], steps)
+        elif current.get(p):
+            kept = [it for it in merge_tuning(current[p], {}, steps) if it["steps"] != steps]
+            if kept:
+                merged[p] = kept
+    return merged
 
 
 def _earlier_rows(prompts: list[str], steps: int = DEFAULT_STEPS) -> dict[str, dict]:
@@ -319,10 +335,8 @@ def main(argv: list[str]) -> int:
         "step_cache": tuning, "guidance_reuse": reuse_tuning}, steps=args.steps)
     print(f"wrote {path}")
     if args.write and tuning:
-        current = studio.get("step_cache") or {}
-        studio["step_cache"] = {p: merge_tuning(current.get(p), tuning[p], args.steps)
-                                if p in tuning else current[p]
-                                for p in dict.fromkeys([*current, *tuning])}
+        studio["step_cache"] = merged_step_cache(studio.get("step_cache") or {}, tuning,
+                                                 args.steps)
         if args.steps == DEFAULT_STEPS:  # guidance reuse has no per-length settings
             studio["guidance_reuse"] = reuse_tuning
         tmp_path = studio_path.with_suffix(".json.tmp")

@@ -69,3 +69,15 @@ def test_a_setting_of_another_schedule_length_joins_the_profile_list():
 
     assert calibrate._result_path(50).name.endswith("-calibrate-50steps.json")
     assert calibrate._result_path().name.endswith("-calibrate.json")
+
+
+def test_a_profile_that_meets_no_floor_at_a_length_loses_its_old_setting_there():
+    from bench.calibrate import merged_step_cache
+
+    a, b = {"threshold": 0.001}, {"threshold": 0.002}
+    current = {"quality": [{"steps": 20, **a}, {"steps": 50, **b}], "fast": {"threshold": 0.3}}
+    merged = merged_step_cache(current, {"balanced": b}, 50)
+    assert merged["quality"] == [{"steps": 20, **a}]  # the stale 50-step setting is gone
+    assert merged["balanced"] == [{"steps": 50, **b}]
+    assert merged["fast"] == [{"steps": 20, "threshold": 0.3}]
+    assert "quality" not in merged_step_cache({"quality": [{"steps": 50, **b}]}, {}, 50)
