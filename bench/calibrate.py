@@ -60,7 +60,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.cpu import EMBEDDED, ROOT, Case, Method, Runner, build_cases, psnr_ssim
+from bench.cpu import (
+    DEFAULT_STEPS,
+    EMBEDDED,
+    ROOT,
+    Case,
+    Method,
+    Runner,
+    build_cases,
+    psnr_ssim,
+    steps_suffix,
+)
 
 # StepCacheConfig.signal: the probe block, its modulated input, or the whole call's output
 SIGNALS = ("block", "input", "output")
@@ -139,21 +149,24 @@ def choose(rows: list[dict]) -> dict[str, dict | None]:
     return {p: chosen[p] for p in FLOORS}
 
 
-DEFAULT_STEPS = 20
-
-
 def _result_path(steps: int = DEFAULT_STEPS) -> Path:
-    suffix = "" if steps == DEFAULT_STEPS else f"-{steps}steps"
-    return ROOT / "bench" / "results" / f"{time.strftime('%Y-%m-%d')}-calibrate{suffix}.json"
+    return (ROOT / "bench" / "results"
+            / f"{time.strftime('%Y-%m-%d')}-calibrate{steps_suffix(steps)}.json")
+
+
+def _settings_by_length(current: dict | list | None, steps: int) -> list[dict]:
+    """A profile's studio.json ``step_cache`` entry as a list of settings each with its
+    ``"steps"``, less the one of length ``steps``. A single setting without ``"steps"``
+    (written before lists) was calibrated at ``DEFAULT_STEPS``."""
+    items = [] if not current else ([current] if isinstance(current, dict) else list(current))
+    items = [{"steps": DEFAULT_STEPS, **it} if "steps" not in it else dict(it) for it in items]
+    return [it for it in items if it["steps"] != steps]
 
 
 def merge_tuning(current: dict | list | None, setting: dict, steps: int) -> list[dict]:
     """A profile's studio.json ``step_cache`` entry with ``setting`` (calibrated at
-    ``steps``) put in: a list sorted by ``"steps"``, replacing the setting of that length.
-    A single setting without ``"steps"`` (written before lists) was calibrated at 20."""
-    items = [] if not current else ([current] if isinstance(current, dict) else list(current))
-    items = [{"steps": DEFAULT_STEPS, **it} if "steps" not in it else dict(it) for it in items]
-    items = [it for it in items if it["steps"] != steps] + [{"steps": steps, **setting}]
+    ``steps``) put in: a list sorted by ``"steps"``, replacing the setting of that length."""
+    items = [*_settings_by_length(current, steps), {"steps": steps, **setting}]
     return sorted(items, key=lambda it: it["steps"])
 
 
@@ -172,10 +185,8 @@ def merged_step_cache(current: dict, tuning: dict, steps: int) -> dict:
     for p in dict.fromkeys([*current, *FLOORS]):
         if p in tuning:
             merged[p] = merge_tuning(current.get(p), tuning[p], steps)
-        elif current.get(p):
-            kept = [it for it in merge_tuning(current[p], {}, steps) if it["steps"] != steps]
-            if kept:
-                merged[p] = kept
+        elif kept := _settings_by_length(current.get(p), steps):
+            merged[p] = kept
     return merged
 
 

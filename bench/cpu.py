@@ -63,6 +63,13 @@ PROFILES = ("quality", "balanced", "fast")
 #: Prompts over which work and quality are measured on the embedded model, per mode: the
 #: bench's own, then held-out evaluation captions (``world.eval_prompts(seed=1)``).
 QUALITY_PROMPTS = {"t2i": 8, "t2v": 4}
+# the embedded model's default schedule: results of another length get their own files
+DEFAULT_STEPS = 20
+
+
+def steps_suffix(steps: int) -> str:
+    """The file-name suffix of a run at ``steps`` (none for ``DEFAULT_STEPS``)."""
+    return "" if steps == DEFAULT_STEPS else f"-{steps}steps"
 
 
 # -- measuring ----------------------------------------------------------------------------
@@ -701,16 +708,16 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def plot_path(steps: int) -> Path:
     """The speed-versus-quality plot of a run at ``steps`` (20: the default one)."""
-    return PLOT if steps == 20 else PLOT.with_name(f"{PLOT.stem}-{steps}steps{PLOT.suffix}")
+    return PLOT.with_name(f"{PLOT.stem}{steps_suffix(steps)}{PLOT.suffix}")
 
 
-def write_doc(table: str, plotted: bool, steps: int = 20) -> None:
+def write_doc(table: str, plotted: bool, steps: int = DEFAULT_STEPS) -> None:
     """Puts the table (and plot) into docs/PERFORMANCE.md: the block ``cpu`` for the default
     20 steps, ``cpu-<steps>steps`` for another schedule length."""
     if plotted:
         rel = plot_path(steps).relative_to(DOC.parent).as_posix()
         table += f"\n\n![speed versus quality]({rel})"
-    if steps == 20:
+    if steps == DEFAULT_STEPS:
         write_block("cpu", table, "Step caching on the CPU (`python -m bench cpu`)")
     else:
         write_block(f"cpu-{steps}steps", table,
@@ -728,7 +735,7 @@ def main(argv: list[str]) -> int:
                     help="held-out prompts scored per configuration on the embedded model")
     ap.add_argument("--quick", action="store_true", help="2 runs, 4 prompts, no doc update")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
-    ap.add_argument("--steps", type=int, default=20,
+    ap.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                     help="denoising steps of every case (default 20, the embedded model's "
                          "default; diffusers' Wan and Flux pipelines default to 50 and 28)")
     ap.add_argument("--cache-only", action="store_true",
@@ -755,7 +762,7 @@ def main(argv: list[str]) -> int:
     command = "python -m bench cpu " + " ".join(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = (f"{time.strftime('%Y-%m-%d')}-cpu{'' if args.steps == 20 else f'-{args.steps}steps'}"
+    name = (f"{time.strftime('%Y-%m-%d')}-cpu{steps_suffix(args.steps)}"
             f"{'-quick' if args.quick else ''}.json")
 
     def save(partial: bool) -> dict:
