@@ -194,7 +194,31 @@ def _flux_call(pipe, prompts, seed, steps):
     return (np.clip(np.asarray(out), 0, 1) * 255).round().astype(np.uint8)
 
 
-def build_cases(tmp: Path, only: set[str] | None) -> list[Case]:
+def quality_prompt_counts(text: str) -> dict[str, int]:
+    """``"IMAGES,CLIPS"`` (``--quality-prompts``) -> ``{"t2i": IMAGES, "t2v": CLIPS}``.
+
+    Raises:
+        ValueError: not two integers, or images outside 2..200 (the bench's two prompts come
+            first) or clips outside 1..100, naming ``--quality-prompts``.
+    """
+    parts = text.split(",")
+    try:
+        images, clips = (int(x) for x in parts)
+    except ValueError:
+        raise ValueError(f"--quality-prompts: {text!r} is not IMAGES,CLIPS (two integers, "
+                         f"e.g. 8,4)") from None
+    if not 2 <= images <= 200:
+        raise ValueError(f"--quality-prompts: {images} images is outside 2..200")
+    if not 1 <= clips <= 100:
+        raise ValueError(f"--quality-prompts: {clips} clips is outside 1..100")
+    return {"t2i": images, "t2v": clips}
+
+
+def build_cases(tmp: Path, only: set[str] | None,
+                quality_prompts: dict[str, int] | None = None) -> list[Case]:
+    """The benchmark's cases; ``quality_prompts`` (mode -> count, default
+    ``QUALITY_PROMPTS``) sets how many prompts the embedded model's work and quality are
+    measured over."""
     from diffusers import DiffusionPipeline, FluxPipeline, WanPipeline
 
     from studio.engine.pipelines.base import derive_pipeline
@@ -213,9 +237,9 @@ def build_cases(tmp: Path, only: set[str] | None) -> list[Case]:
         guidance = float(studio.get("capabilities", {}).get("default_guidance", 5.0))
         from studio.tiny import world
 
-        held_out = {m: [c for c, _ in world.eval_prompts(n, m, seed=1)]
-                    for m, n in (("t2i", QUALITY_PROMPTS["t2i"] - 2),
-                                 ("t2v", QUALITY_PROMPTS["t2v"] - 1))}
+        counts = {**QUALITY_PROMPTS, **(quality_prompts or {})}
+        held_out = {m: [c for c, _ in world.eval_prompts(n, m, seed=1)] if n else []
+                    for m, n in (("t2i", counts["t2i"] - 2), ("t2v", counts["t2v"] - 1))}
         if not only or "embedded-t2i" in only:
             cases.append(Case("embedded-t2i", pipe, _wan_call(1, 64, guidance, text_len),
                               prompts[:1], 20, "t2i", tuning=studio,
@@ -275,7 +299,7 @@ def ours(profile: str, config=None, tuning: dict | None = None,
         remove_step_cache(t)
 
     setting = (f"{cfg.signal} signal, threshold {cfg.threshold:g}, order {cfg.order}, "
-               f"≤{cfg.max_consecutive_skips} skips")
+               f"≤{cfg.max_consecutive_skips} skips, warm-up {cfg.warmup_steps}")
     if reuse is not None:
         setting += f"; uncond every {reuse.interval} steps after {reuse.warmup_steps}"
     return Method(f"ours/{profile}", "ours", setting, setup=setup, teardown=teardown)
@@ -480,7 +504,7 @@ class Runner:
         flops, _ = self.quality_runs(method)
         return float(np.mean(flops)) / self.flops_per_call
 
-    def measure(self, method: Method) -> dict:
+    def measure(self, method: Method, adherence: bool = True) -> dict:
         """One row: the work and output of a counted run, then ``runs`` timed runs, each
         right after a timed baseline run once the baseline is known: the speed-up is the
         median of those pairs' ratios, so a slow or fast spell of a shared machine (seen
@@ -526,7 +550,7 @@ class Runner:
                 row["full_denoiser_calls"], 1e-9)
         else:
             row["speedup"] = row["work_ratio"] = 1.0
-        if self.case.eval_mode and self.adherence_n:
+        if self.case.eval_mode and self.adherence_n and adherence:
             row["adherence"] = self.adherence(method)
         print(f"  {row['method']:<36} {row['latency_s']:.3f}s ×{row['speedup']:.2f} "
               f"calls {row['full_denoiser_calls']:.1f} SSIM {row['ssim']:.4f} (worst "
@@ -586,9 +610,15 @@ def match(runner: Runner, make: Callable[[float], Method], grid: list[float],
 
 
 def run_case(case: Case, runs: int, adherence_n: int, peers: tuple[str, ...],
-             combined: bool = True) -> list[dict]:
+             combined: bool = True, peer_adherence: bool = True) -> list[dict]:
     """The rows of one case: the baseline, each profile's step cache (with ``combined``,
-    also plus guidance reuse and, for video, token reuse), each usable peer matched to it."""
+    also plus guidance reuse and, for video, token reuse), each usable peer matched to it.
+
+    A profile that takes the same setting as an earlier one (at 50 steps fast takes
+    balanced's) makes the same work, so its peers are the ones matched for that earlier
+    profile: their rows are repeated under it rather than matched and timed again. Without
+    ``peer_adherence`` the peers' rows carry no adherence (the bars concern our cache's;
+    scoring 96 clips per peer row costs more than the rest of the run)."""
     print(f"[{case.name}] {case.steps} steps", flush=True)
     runner = Runner(case, runs, adherence_n)
     rows = [runner.measure(BASELINE)]
@@ -612,6 +642,7 @@ def run_case(case: Case, runs: int, adherence_n: int, peers: tuple[str, ...],
                                                 "aggressive setting: does nothing here"))
             continue
         usable[peer] = (make, grid, continuous)
+    matched: dict[str, list[dict]] = {}  # our setting -> the peer rows matched to it
     for profile in PROFILES:
         mine = runner.measure(ours(profile, tuning=case.tuning, steps=case.steps))
         mine["profile"] = profile
@@ -627,12 +658,20 @@ def run_case(case: Case, runs: int, adherence_n: int, peers: tuple[str, ...],
             extra["profile"] = profile
             rows.append(extra)
         target = mine["full_denoiser_calls"]
+        if mine["setting"] in matched:  # the same setting as an earlier profile's
+            for row in matched[mine["setting"]]:
+                rows.append({**copy.deepcopy(row), "profile": profile,
+                             "same_as_profile": row["profile"],
+                             "status": f"{row['status']} (the {row['profile']} row: same "
+                                       f"setting)"})
+            continue
+        matched[mine["setting"]] = []
         for peer, (make, grid, continuous) in usable.items():
             if peer == "fewer-steps":  # k steps make k calls per step: start next to it
                 near = round(target / case.denoiser_calls_per_step)
                 grid = [float(k) for k in range(min(near + 1, case.steps - 1), 1, -1)]
             method, _ = match(runner, make, grid, continuous, target)
-            row = runner.measure(method)
+            row = runner.measure(method, adherence=peer_adherence)
             row.update(profile=profile, peer=peer)
             if abs(row["full_denoiser_calls"] - target) <= 0.05 * target:
                 row["status"] = "matched"
@@ -640,6 +679,7 @@ def run_case(case: Case, runs: int, adherence_n: int, peers: tuple[str, ...],
                 row["status"] = (f"unmatched: nearest {row['full_denoiser_calls']:.1f} calls "
                                  f"vs {target:.1f}")
             rows.append(row)
+            matched[mine["setting"]].append(row)
     return rows
 
 
@@ -733,6 +773,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--peers", default=",".join(PEERS), help="comma list of peers")
     ap.add_argument("--adherence-prompts", type=int, default=32,
                     help="held-out prompts scored per configuration on the embedded model")
+    ap.add_argument("--quality-prompts", default=None, metavar="IMAGES,CLIPS",
+                    help="prompts the embedded model's work and SSIM are measured over "
+                         f"(default {QUALITY_PROMPTS['t2i']},{QUALITY_PROMPTS['t2v']})")
+    ap.add_argument("--no-peer-adherence", action="store_true",
+                    help="score adherence for the baseline and our cache only")
     ap.add_argument("--quick", action="store_true", help="2 runs, 4 prompts, no doc update")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--steps", type=int, default=DEFAULT_STEPS,
@@ -751,6 +796,14 @@ def main(argv: list[str]) -> int:
     bad = set(peers) - set(PEERS)
     if bad:
         ap.error(f"--peers: unknown {', '.join(sorted(bad))}; allowed {', '.join(PEERS)}")
+    if args.adherence_prompts < 0:
+        ap.error("--adherence-prompts: must be 0 or more")
+    quality = None
+    if args.quality_prompts:
+        try:
+            quality = quality_prompt_counts(args.quality_prompts)
+        except ValueError as exc:
+            ap.error(str(exc))
     if args.quick:
         args.runs, args.adherence_prompts = 2, 4
     if args.threads:
@@ -778,10 +831,11 @@ def main(argv: list[str]) -> int:
         return result
 
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
-        for case in build_cases(Path(tmp), only):
+        for case in build_cases(Path(tmp), only, quality):
             case.steps = args.steps
             rows += run_case(case, args.runs, args.adherence_prompts, peers,
-                             combined=not args.cache_only)
+                             combined=not args.cache_only,
+                             peer_adherence=not args.no_peer_adherence)
             save(partial=True)
     result = save(partial=False)
     table = markdown(rows, result["command"])

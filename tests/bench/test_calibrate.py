@@ -1,14 +1,20 @@
 """The calibration's choice: per profile, the least work whose worst SSIM meets its floor."""
 
-from bench.calibrate import FLOORS, choose
+from bench.calibrate import FLOORS, MEAN_FLOORS, choose, mean_ssim
 
 
-def row(calls, ssim, threshold):
-    return {"worst_calls": calls, "worst_ssim": ssim, "threshold": threshold}
+def row(calls, ssim, threshold, mean=None):
+    """A calibration row with worst SSIM ``ssim``; with ``mean``, two prompts per mode whose
+    mean is ``mean`` (the image mode; clips hold 0.999)."""
+    r = {"worst_calls": calls, "worst_ssim": ssim, "threshold": threshold}
+    if mean is not None:
+        r["embedded-t2i"] = {"ssim_per_prompt": [ssim, 2 * mean - ssim]}
+        r["embedded-t2v"] = {"ssim_per_prompt": [0.999, 0.999]}
+    return r
 
 
 def test_each_profile_gets_the_least_work_meeting_its_floor():
-    rows = [row(30.0, 0.99, 0.1), row(25.0, 0.96, 0.3), row(20.0, 0.91, 0.6),
+    rows = [row(30.0, 0.99, 0.1), row(25.0, 0.96, 0.3), row(20.0, 0.91, 0.6, mean=0.97),
             row(15.0, 0.80, 1.0), row(25.0, 0.97, 0.25)]
     chosen = choose(rows)
     assert set(chosen) == set(FLOORS)
@@ -23,10 +29,21 @@ def test_a_looser_floor_needs_a_real_saving_to_take_a_worse_setting():
     chosen = choose(rows)
     assert chosen["balanced"]["threshold"] == 0.2
     assert chosen["fast"]["threshold"] == 0.2  # 3 % less work is not worth SSIM 0.908
-    chosen = choose([*rows, row(25.0, 0.91, 0.9)])  # 15 % less: taken
+    chosen = choose([*rows, row(25.0, 0.91, 0.9, mean=0.96)])  # 15 % less: taken
     assert chosen["fast"]["threshold"] == 0.9
     # no stricter setting meets its floor: the looser one stands alone
-    assert choose([row(20.0, 0.93, 0.5)])["fast"]["threshold"] == 0.5
+    assert choose([row(20.0, 0.93, 0.5, mean=0.96)])["fast"]["threshold"] == 0.5
+
+
+def test_fast_takes_one_changed_prompt_only_with_a_high_mean():
+    """Fast's worst prompt may fall to FLOORS["fast"] only while the mean over prompts (the
+    worse mode's) keeps MEAN_FLOORS["fast"]."""
+    assert FLOORS["fast"] < 0.90 < MEAN_FLOORS["fast"]
+    good = row(24.0, 0.89, 0.4, mean=0.97)
+    assert abs(mean_ssim(good) - 0.97) < 1e-9
+    assert choose([good])["fast"] is good
+    assert choose([row(24.0, 0.89, 0.4, mean=0.93)])["fast"] is None  # mean too low
+    assert choose([row(24.0, 0.84, 0.4, mean=0.99)])["fast"] is None  # one prompt lost
 
 
 def test_resume_reuses_only_rows_measured_on_the_same_weights_and_prompts(tmp_path, monkeypatch):

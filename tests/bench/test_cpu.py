@@ -55,3 +55,40 @@ def test_embedded_cases_measure_quality_over_held_out_prompts(tmp_path):
         assert len(case.quality_prompts) == cpu.QUALITY_PROMPTS[mode]
         assert case.quality_prompts[0] == case.prompts[0]
         assert len(set(case.quality_prompts)) == len(case.quality_prompts)
+
+
+def test_quality_prompt_counts_and_their_bad_values(tmp_path):
+    """``--quality-prompts IMAGES,CLIPS`` sets how many prompts the embedded model's cases
+    measure over; bad values name the option and the allowed range."""
+    import pytest
+
+    assert cpu.quality_prompt_counts("5,3") == {"t2i": 5, "t2v": 3}
+    for bad, words in (("5", "IMAGES,CLIPS"), ("a,b", "IMAGES,CLIPS"), ("1,3", "2..200"),
+                       ("5,0", "1..100")):
+        with pytest.raises(ValueError, match="--quality-prompts") as info:
+            cpu.quality_prompt_counts(bad)
+        assert words in str(info.value)
+    cases = cpu.build_cases(tmp_path, {"embedded-t2i", "embedded-t2v"}, {"t2i": 5, "t2v": 3})
+    assert {c.eval_mode: len(c.quality_prompts) for c in cases} == {"t2i": 5, "t2v": 3}
+    assert all(len(set(c.quality_prompts)) == len(c.quality_prompts) for c in cases)
+
+
+def test_a_profile_with_an_earlier_profiles_setting_repeats_its_matched_peers(tmp_path):
+    """Fast taking balanced's setting makes the same work: its peer rows are balanced's,
+    marked as such, not matched and timed a second time."""
+    [case] = cpu.build_cases(tmp_path, {"tiny-wan"})
+    case.steps = 6
+    same = {"signal": "output", "threshold": 0.01, "order": 1, "warmup_steps": 2,
+            "max_consecutive_skips": 2}
+    case.tuning = {"step_cache": {"quality": {**same, "threshold": 0.001},
+                                  "balanced": same, "fast": same}}
+    rows = cpu.run_case(case, runs=1, adherence_n=0, peers=("fewer-steps",), combined=False)
+    peers = {r["profile"]: r for r in rows if r.get("peer") == "fewer-steps"
+             and "latency_s" in r}
+    assert set(peers) == set(cpu.PROFILES)
+    assert peers["fast"]["same_as_profile"] == "balanced"
+    assert peers["fast"]["latencies_s"] == peers["balanced"]["latencies_s"]
+    assert "same setting" in peers["fast"]["status"]
+    assert "same_as_profile" not in peers["balanced"]
+    ours = {r["profile"]: r for r in rows if r["kind"] == "ours"}
+    assert ours["fast"]["setting"] == ours["balanced"]["setting"] != ours["quality"]["setting"]
