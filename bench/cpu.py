@@ -201,9 +201,8 @@ def quality_prompt_counts(text: str) -> dict[str, int]:
         ValueError: not two integers, or images outside 2..200 (the bench's two prompts come
             first) or clips outside 1..100, naming ``--quality-prompts``.
     """
-    parts = text.split(",")
     try:
-        images, clips = (int(x) for x in parts)
+        images, clips = (int(x) for x in text.split(","))
     except ValueError:
         raise ValueError(f"--quality-prompts: {text!r} is not IMAGES,CLIPS (two integers, "
                          f"e.g. 8,4)") from None
