@@ -106,6 +106,47 @@ MAX_SKIPS_WITH_REUSE = (2, 4)
 # being decided after 3 (output 0.002, 2 skips: SSIM 0.836 at 3, 0.999 at 5), so the output
 # signal also tries 5
 OUTPUT_WARMUPS = (3, 5)
+# --schedules: schedules of this many full steps per 50 (scaled to --steps), their density's
+# share of cosine spacing (1: dense at both ends; 0.5: half linear), and the forecast reused
+# (order 0) above this fraction of the first timestep, linear below it. On the 2026-12-03
+# sweep (bench/results/2026-12-03-calibrate-50steps.json) shares 0.75 and 1.0 and 14 full
+# steps never beat share 0.5 at 11-13; reuse above 0.7 or 0.5 were level
+SCHEDULE_FULL_STEPS = (11, 12, 13)
+SCHEDULE_COSINE_SHARES = (0.5,)
+SCHEDULE_LINEAR_BELOW = (0.6,)
+# a static schedule: the signal never adds a call (its error budget is never spent)
+STATIC_THRESHOLD = 10.0
+# (threshold, warm-up) of the signal on top of a schedule: static, or full calls added
+# where the output's forecast error would pass the budget. Static, every schedule lost one
+# calibration clip (SSIM 0.857 whatever the schedule) that needs steps 3-10 in full; a budget
+# of 0.004 restored it (0.996) at 6 more calls of 100 (2026-12-03)
+SCHEDULE_SIGNALS = ((STATIC_THRESHOLD, 3), (0.01, 3), (0.004, 3), (0.01, 5), (0.004, 5))
+
+
+def schedule_family(steps: int, full: int, cosine_share: float) -> list[int]:
+    """A static step cache schedule: the full-call indices of a ``steps``-step trajectory,
+    ``full`` of them: the first three (the forecast's warm-up), then ``full - 3`` placed by
+    a density that is ``cosine_share`` cosine spacing (dense where the layout is decided and
+    where the last details are, sparse between) and the rest even, up to the second-to-last
+    step (the last one, the smallest, is forecast).
+
+    Raises:
+        ValueError: ``full`` outside 4..steps - 1.
+    """
+    if not 4 <= full <= steps - 1:
+        raise ValueError(f"full steps: {full} is outside 4..{steps - 1}")
+    end, rest = steps - 2, full - 3
+    points = [0, 1, 2]
+    for j in range(1, rest + 1):
+        u = j / rest
+        w = cosine_share * (1 - np.cos(np.pi * u)) / 2 + (1 - cosine_share) * u
+        points.append(max(int(round(2 + (end - 2) * w)), points[-1] + 1))  # no two alike
+    for j in range(len(points) - 2, 2, -1):  # pushed past the end: back below their successor
+        points[j] = min(points[j], points[j + 1] - 1)
+    points[-1] = min(points[-1], end)
+    for j in range(len(points) - 2, 2, -1):
+        points[j] = min(points[j], points[j + 1] - 1)
+    return points
 
 
 def with_reuse(config, reuse) -> Method:
@@ -187,10 +228,16 @@ def merge_tuning(current: dict | list | None, setting: dict, steps: int) -> list
     return sorted(items, key=lambda it: it["steps"])
 
 
+#: setting fields a row has only when they differ from the step cache's defaults
+TUNING_EXTRAS = {"schedule": [], "linear_below": 1.0}
+
+
 def _row_key(row: dict) -> str:
-    return json.dumps({k: row[k] for k in ("signal", "threshold", "max_consecutive_skips",
-                                           "order", "warmup_steps", "guidance_reuse")},
-                      sort_keys=True)
+    key = {k: row[k] for k in ("signal", "threshold", "max_consecutive_skips", "order",
+                               "warmup_steps", "guidance_reuse")}
+    key |= {k: row[k] for k, default in TUNING_EXTRAS.items()
+            if row.get(k) is not None and row[k] != default}
+    return json.dumps(key, sort_keys=True)
 
 
 def merged_step_cache(current: dict, tuning: dict, steps: int) -> dict:
@@ -208,8 +255,10 @@ def merged_step_cache(current: dict, tuning: dict, steps: int) -> dict:
 
 
 def _earlier_rows(prompts: list[str], steps: int = DEFAULT_STEPS) -> dict[str, dict]:
-    """Today's rows by setting, when they were measured on these weights and prompts."""
-    path = _result_path(steps)
+    """The newest result file's rows (of this schedule length) by setting, when they were
+    measured on these weights and prompts."""
+    found = sorted((ROOT / "bench" / "results").glob(f"*-calibrate{steps_suffix(steps)}.json"))
+    path = found[-1] if found else _result_path(steps)
     if not path.exists():
         return {}
     earlier = json.loads(path.read_text())
@@ -256,6 +305,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--guidance-reuse", action="store_true",
                     help="also sweep guidance reuse (no profile took it on the 2026-11-30 "
                          "weights: worst SSIM 0.69-0.88)")
+    ap.add_argument("--schedules", action="store_true",
+                    help="also sweep static schedules of full steps (schedule_family)")
     ap.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                     help=f"denoising steps (default {DEFAULT_STEPS}; from {LONG_SCHEDULE} the "
                          "output signal only, with longer runs of skips)")
@@ -302,19 +353,26 @@ def main(argv: list[str]) -> int:
         signals = ("output",) if long_schedule else SIGNALS
         skips_grid = MAX_SKIPS_LONG if long_schedule else MAX_SKIPS
         orders = ORDERS_LONG if long_schedule else ORDERS
-        grid = [(sig, t, s, o, w, None) for sig in signals for w, t, s, o in
+        grid = [(sig, t, s, o, w, None, {}) for sig in signals for w, t, s, o in
                 itertools.product(warmups(sig), thresholds(sig), skips_grid, orders)]
         if args.guidance_reuse:
-            grid += [(sig, t, s, 1, warmups(sig)[0], reuse_config) for sig in SIGNALS
+            grid += [(sig, t, s, 1, warmups(sig)[0], reuse_config, {}) for sig in SIGNALS
                      for t, s in itertools.product(thresholds(sig), MAX_SKIPS_WITH_REUSE)]
-        for signal, threshold, skips, order, warmup, reuse in grid:
+        if args.schedules:
+            schedules = {tuple(schedule_family(args.steps, round(k * args.steps / 50), c))
+                         for k in SCHEDULE_FULL_STEPS for c in SCHEDULE_COSINE_SHARES}
+            grid += [("output", threshold, args.steps, 1, warmup, None,
+                      {"schedule": list(sch), "linear_below": lb})
+                     for sch in sorted(schedules, key=len) for lb in SCHEDULE_LINEAR_BELOW
+                     for threshold, warmup in SCHEDULE_SIGNALS]
+        for signal, threshold, skips, order, warmup, reuse, extra in grid:
             config = StepCacheConfig(threshold=threshold, order=order, warmup_steps=warmup,
-                                     max_consecutive_skips=skips, signal=signal)
+                                     max_consecutive_skips=skips, signal=signal, **extra)
             row = {"signal": signal, "threshold": threshold, "max_consecutive_skips": skips,
                    "order": order,
                    "warmup_steps": warmup, "guidance_reuse": None if reuse is None else {
                        "interval": reuse.interval, "warmup_steps": reuse.warmup_steps,
-                       "order": reuse.order}}
+                       "order": reuse.order}, **extra}
             if _row_key(row) in earlier:
                 rows.append(earlier[_row_key(row)])
                 continue
@@ -335,7 +393,7 @@ def main(argv: list[str]) -> int:
             rows.append(row)
             _write_result(argv, prompts, runners, rows, partial=True, steps=args.steps)
             print(f"{signal} signal, threshold {threshold:<5} skips {skips} order {order} "
-                  f"warm-up {warmup}"
+                  f"warm-up {warmup}{' ' + json.dumps(extra) if extra else ''}"
                   f"{' +reuse' if reuse else ''}: "
                   + "  ".join(f"{n} {row[n]['full_denoiser_calls']:.1f} calls SSIM "
                               f"{row[n]['ssim']:.4f}" for n in runners), flush=True)
@@ -355,7 +413,7 @@ def main(argv: list[str]) -> int:
     studio_path = EMBEDDED / "studio.json"
     studio = json.loads(studio_path.read_text())
     tuning = {p: {k: r[k] for k in ("signal", "threshold", "order", "warmup_steps",
-                                    "max_consecutive_skips")}
+                                    "max_consecutive_skips", *TUNING_EXTRAS) if k in r}
               for p, r in chosen.items() if r is not None}
     reuse_tuning = {p: r["guidance_reuse"] for p, r in chosen.items()
                     if r is not None and r["guidance_reuse"]}

@@ -297,8 +297,7 @@ def ours(profile: str, config=None, tuning: dict | None = None,
         remove_cfg_reuse(t)
         remove_step_cache(t)
 
-    setting = (f"{cfg.signal} signal, threshold {cfg.threshold:g}, order {cfg.order}, "
-               f"≤{cfg.max_consecutive_skips} skips, warm-up {cfg.warmup_steps}")
+    setting = cfg.describe()
     if reuse is not None:
         setting += f"; uncond every {reuse.interval} steps after {reuse.warmup_steps}"
     return Method(f"ours/{profile}", "ours", setting, setup=setup, teardown=teardown)

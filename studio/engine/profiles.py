@@ -110,10 +110,7 @@ class ProfileLevers:
         """One line for the user: what this run turned on."""
         parts = []
         if self.step_cache is not None:
-            c = self.step_cache
-            parts.append(f"step cache ({c.signal} signal, threshold {c.threshold:g}, "
-                         f"order {c.order}, "
-                         f"≤{c.max_consecutive_skips} skips in a row)")
+            parts.append(f"step cache ({self.step_cache.describe()})")
         if self.guidance_reuse is not None:
             parts.append(f"guidance reuse (unconditional branch every "
                          f"{self.guidance_reuse.interval} steps after "
@@ -161,7 +158,27 @@ def tuning_for_steps(entry: dict | list | None, steps: int | None, where: str) -
     else:
         chosen = min(entry, key=lambda it: (abs(math.log(max(steps, 1) / it["steps"])),
                                             it["steps"]))
-    return {k: v for k, v in chosen.items() if k != "steps"}
+    setting = {k: v for k, v in chosen.items() if k != "steps"}
+    if setting.get("schedule") and steps is not None and steps != chosen["steps"]:
+        setting["schedule"] = stretch_schedule(setting["schedule"], chosen["steps"], steps,
+                                               f"{where} schedule")
+    return setting
+
+
+def stretch_schedule(schedule, length: int, steps: int, where: str) -> list[int]:
+    """A step cache ``schedule`` (full-call indices of a ``length``-step trajectory) for a
+    trajectory of ``steps`` steps: each index moved to the same place along it
+    (``round(i * (steps - 1) / (length - 1))``), duplicates dropped.
+
+    Raises:
+        ValueError: an index that is not an integer in ``0..length - 1``, naming ``where``.
+    """
+    if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < length
+           for i in schedule):
+        raise ValueError(f"{where}: {list(schedule)} must be step indices in 0..{length - 1}")
+    if length <= 1:
+        return sorted(set(schedule))
+    return sorted({round(i * (steps - 1) / (length - 1)) for i in schedule})
 
 
 def levers_for(profile: str, device: torch.device | str = "cpu",

@@ -1,5 +1,8 @@
 """The calibration's choice: per profile, the least work whose worst SSIM meets its floor."""
 
+import numpy as np
+import pytest
+
 from bench.calibrate import FLOORS, MEAN_FLOORS, choose, mean_ssim
 
 
@@ -98,3 +101,35 @@ def test_a_profile_that_meets_no_floor_at_a_length_loses_its_old_setting_there()
     assert merged["balanced"] == [{"steps": 50, **b}]
     assert merged["fast"] == [{"steps": 20, "threshold": 0.3}]
     assert "quality" not in merged_step_cache({"quality": [{"steps": 50, **b}]}, {}, 50)
+
+
+def test_schedule_family_is_dense_at_both_ends_and_has_the_asked_size():
+    from bench.calibrate import schedule_family
+
+    for steps in (20, 50, 100):
+        for full in (4, 8, 12):
+            for share in (0.0, 0.5, 1.0):
+                s = schedule_family(steps, full, share)
+                assert s == sorted(set(s)) and s[:3] == [0, 1, 2]
+                assert s[-1] == steps - 2 and len(s) == full
+    # cosine spacing puts the middle gap above the first and last gaps
+    s = schedule_family(50, 12, 1.0)
+    gaps = np.diff(s)
+    assert gaps[len(gaps) // 2] > gaps[2] and gaps[len(gaps) // 2] > gaps[-1]
+    assert schedule_family(10, 9, 1.0) == list(range(9))  # every step but the last
+    for bad in (3, 50):
+        with pytest.raises(ValueError, match="full steps"):
+            schedule_family(50, bad, 0.5)
+
+
+def test_a_schedule_row_has_its_own_key_and_goes_into_the_tuning():
+    from bench.calibrate import _row_key
+
+    base = {"signal": "output", "threshold": 10.0, "max_consecutive_skips": 50, "order": 1,
+            "warmup_steps": 3, "guidance_reuse": None}
+    a = {**base, "schedule": [0, 1, 2, 9, 30], "linear_below": 0.7}
+    b = {**a, "linear_below": 0.5}
+    c = {**a, "schedule": [0, 1, 2, 10, 30]}
+    assert len({_row_key(base), _row_key(a), _row_key(b), _row_key(c)}) == 4
+    # the defaults (no schedule, linear forecast throughout) key like a row without them
+    assert _row_key({**base, "schedule": [], "linear_below": 1.0}) == _row_key(base)

@@ -454,3 +454,105 @@ def test_a_job_takes_the_step_cache_setting_calibrated_nearest_its_schedule():
         levers_for("fast", "cpu", {"step_cache": {"fast": [short, {"threshold": 0.1}]}}, 20)
     with pytest.raises(ValueError, match="step_cache.fast: expected"):
         levers_for("fast", "cpu", {"step_cache": {"fast": 0.5}}, 20)
+
+
+class _Line(torch.nn.Module):
+    """A denoiser whose output is ``x + a + b * (t / 1000)``: any forecast of order >= 1 is
+    exact on it, and reuse (order 0) is not."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, hidden_states, timestep, return_dict=False):
+        self.calls += 1
+        s = timestep.float().view(-1, 1) / 1000
+        return (hidden_states + 0.5 + 2.0 * s,)
+
+
+def _run_line(config: StepCacheConfig, times: list[float]):
+    from diffusers import ModelMixin
+
+    class Model(ModelMixin, _Line):
+        def __init__(self):
+            ModelMixin.__init__(self)
+            _Line.__init__(self)
+
+    model, x = Model(), torch.randn(2, 5)
+    stats = apply_step_cache(model, config)
+    with torch.no_grad():
+        outs = [model(x, torch.tensor([t]))[0] for t in times]
+    remove_step_cache(model)
+    return x, outs, [computed for *_, computed in stats.decisions], model.calls
+
+
+TIMES = [1000.0 - 90.0 * i for i in range(11)]  # 1000 ... 100
+
+
+def test_a_static_schedule_computes_exactly_its_calls():
+    """With a high threshold the schedule alone decides: the calls it lists run, the others
+    are forecast (the first three always run: the forecast's warm-up); a low threshold adds
+    full calls between the scheduled ones where the forecast error would pass it."""
+    schedule = [0, 1, 2, 5, 9]
+    static = StepCacheConfig(threshold=10.0, signal="output", order=1, warmup_steps=3,
+                             max_consecutive_skips=100, schedule=schedule)
+    x, outs, flags, calls = _run_line(static, TIMES)
+    assert [i for i, f in enumerate(flags) if f] == schedule
+    assert calls == len(schedule)
+    for t, out in zip(TIMES, outs, strict=True):  # linear in t: every forecast is exact
+        torch.testing.assert_close(out, x + 0.5 + 2.0 * t / 1000)
+    # the skip limit still forces a full call: at most 2 skips in a row
+    _, _, flags, _ = _run_line(dataclasses.replace(static, max_consecutive_skips=2), TIMES)
+    assert "FFF" not in "".join("T" if f else "F" for f in flags)
+    assert {0, 1, 2, 5, 9} <= {i for i, f in enumerate(flags) if f}
+    # threshold 0 is still exact: every call runs
+    _, _, flags, _ = _run_line(dataclasses.replace(static, threshold=0.0), TIMES)
+    assert all(flags)
+
+
+def test_the_forecast_is_reuse_above_linear_below_and_linear_under_it():
+    """Calls whose timestep is at or above ``linear_below`` of the first one reuse the last
+    full output (order 0); below it they extrapolate linearly (exact on a line)."""
+    config = StepCacheConfig(threshold=10.0, signal="output", order=1, warmup_steps=3,
+                             max_consecutive_skips=100, schedule=[0, 1, 2], linear_below=0.5)
+    x, outs, flags, _ = _run_line(config, TIMES)
+    last_full = outs[2]
+    for t, out, computed in zip(TIMES, outs, flags, strict=True):
+        if computed:
+            continue
+        if t >= 500.0:
+            torch.testing.assert_close(out, last_full)
+        else:
+            torch.testing.assert_close(out, x + 0.5 + 2.0 * t / 1000)
+    assert any(t >= 500.0 and not f for t, f in zip(TIMES, flags, strict=True))
+    assert any(t < 500.0 and not f for t, f in zip(TIMES, flags, strict=True))
+
+
+def test_schedule_and_linear_below_reject_bad_values():
+    with pytest.raises(ValueError, match="schedule"):
+        StepCacheConfig(signal="output", schedule=[0, -1])
+    with pytest.raises(ValueError, match="schedule"):
+        StepCacheConfig(signal="output", schedule=[0, 1.5])
+    with pytest.raises(ValueError, match="linear_below"):
+        StepCacheConfig(signal="output", linear_below=1.5)
+    # a list from studio.json becomes a tuple (the config stays hashable and frozen)
+    assert StepCacheConfig(signal="output", schedule=[0, 2]).schedule == (0, 2)
+
+
+def test_a_schedule_calibrated_at_one_length_is_stretched_to_the_jobs():
+    from studio.engine.profiles import stretch_schedule, tuning_for_steps
+
+    fast = {"steps": 50, "signal": "output", "threshold": 10.0,
+            "schedule": [0, 1, 2, 5, 10, 25, 40, 48], "linear_below": 0.7}
+    tuning = {"step_cache": {"fast": [fast]}}
+    assert levers_for("fast", "cpu", tuning, 50).step_cache.schedule == (0, 1, 2, 5, 10, 25,
+                                                                          40, 48)
+    # 25 steps: each index to the same place along the shorter trajectory, duplicates gone
+    assert stretch_schedule([0, 1, 2, 5, 10, 25, 40, 48], 50, 25, "x") == [0, 1, 2, 5, 12,
+                                                                            20, 24]
+    assert levers_for("fast", "cpu", tuning, 25).step_cache.schedule == (0, 1, 2, 5, 12, 20,
+                                                                          24)
+    assert tuning_for_steps([fast], 100, "x")["schedule"][-1] == 97
+    with pytest.raises(ValueError, match=r"step_cache.fast schedule.*0..49"):
+        levers_for("fast", "cpu", {"step_cache": {"fast": [{**fast, "schedule": [0, 50]}]}},
+                   20)
