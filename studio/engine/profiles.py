@@ -165,6 +165,19 @@ def tuning_for_steps(entry: dict | list | None, steps: int | None, where: str) -
     return setting
 
 
+def levers_from_step(levers: ProfileLevers, start: int) -> ProfileLevers:
+    """``levers`` for a trajectory that starts at step ``start`` of its schedule (image to
+    image at strength s runs the last ``int(steps * s)`` steps, so ``start = steps -
+    int(steps * s)``): the step cache's schedule counts calls from the trajectory's first
+    call, so its indices move back by ``start`` (those before it are dropped; the warm-up
+    still computes the first calls in full)."""
+    cache = levers.step_cache
+    if cache is None or not cache.schedule or start <= 0:
+        return levers
+    return replace(levers, step_cache=replace(
+        cache, schedule=tuple(i - start for i in cache.schedule if i >= start)))
+
+
 def stretch_schedule(schedule, length: int, steps: int, where: str) -> list[int]:
     """A step cache ``schedule`` (full-call indices of a ``length``-step trajectory) for a
     trajectory of ``steps`` steps: each index moved to the same place along it

@@ -556,3 +556,16 @@ def test_a_schedule_calibrated_at_one_length_is_stretched_to_the_jobs():
     with pytest.raises(ValueError, match=r"step_cache.fast schedule.*0..49"):
         levers_for("fast", "cpu", {"step_cache": {"fast": [{**fast, "schedule": [0, 50]}]}},
                    20)
+
+
+def test_an_image_to_image_trajectory_starts_the_schedule_where_it_starts():
+    from studio.engine.profiles import levers_from_step
+
+    fast = {"steps": 50, "signal": "output", "threshold": 10.0, "schedule": [0, 1, 2, 6, 11,
+                                                                             18, 25, 48]}
+    levers = levers_for("fast", "cpu", {"step_cache": {"fast": [fast]}}, 50)
+    # strength 0.6 at 50 steps runs steps 20..49: call k is step 20 + k
+    assert levers_from_step(levers, 20).step_cache.schedule == (5, 28)
+    assert levers_from_step(levers, 0) is levers
+    exact = levers_for("exact", "cpu")
+    assert levers_from_step(exact, 20) is exact  # no cache: nothing to move

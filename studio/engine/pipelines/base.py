@@ -312,10 +312,13 @@ class FamilyRunner:
     def apply_profile(self, request: GenerationRequest) -> list[str]:
         """Applies the request's optimization profile to the denoisers (undoing the last
         job's levers). Returns notes for the user."""
-        from studio.engine.profiles import apply_levers, levers_for
+        from studio.engine.profiles import apply_levers, levers_for, levers_from_step
 
         levers = levers_for(request.optimization.profile, self.device, self.entry.tuning,
                             request.steps)
+        if request.mode == "i2i":  # SDEdit runs the schedule's last steps x strength
+            levers = levers_from_step(levers, request.steps - int(request.steps
+                                                                  * request.strength))
         return apply_levers(self.denoisers(), levers)
 
     def result(self, frames, timings: dict[str, float], clock: StageClock,
