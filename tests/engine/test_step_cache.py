@@ -535,6 +535,8 @@ def test_schedule_and_linear_below_reject_bad_values():
         StepCacheConfig(signal="output", schedule=[0, 1.5])
     with pytest.raises(ValueError, match="linear_below"):
         StepCacheConfig(signal="output", linear_below=1.5)
+    with pytest.raises(ValueError, match="only the output signal"):
+        StepCacheConfig(signal="block", schedule=[0, 4])
     # a list from studio.json becomes a tuple (the config stays hashable and frozen)
     assert StepCacheConfig(signal="output", schedule=[0, 2]).schedule == (0, 2)
 

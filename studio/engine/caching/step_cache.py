@@ -148,6 +148,9 @@ class StepCacheConfig:
                              f"0..100000")
         if not (0.0 <= self.linear_below <= 1.0):
             raise ValueError(f"linear_below: {self.linear_below} is outside 0..1")
+        if self.signal != "output" and (self.schedule or self.linear_below < 1.0):
+            raise ValueError(f"schedule, linear_below: only the output signal takes them "
+                             f"(signal is {self.signal!r})")
         if not (0 <= self.max_consecutive_skips <= 1000):
             raise ValueError(f"max_consecutive_skips: {self.max_consecutive_skips} is outside "
                              f"0..1000")
