@@ -133,3 +133,34 @@ def test_a_schedule_row_has_its_own_key_and_goes_into_the_tuning():
     assert len({_row_key(base), _row_key(a), _row_key(b), _row_key(c)}) == 4
     # the defaults (no schedule, linear forecast throughout) key like a row without them
     assert _row_key({**base, "schedule": [], "linear_below": 1.0}) == _row_key(base)
+
+
+def test_adherence_rules_out_a_cheaper_setting_that_loses_an_attribute():
+    """With an adherence check, each profile takes the cheapest setting meeting its SSIM
+    floors whose attributes stay within its bar (balanced 2 points, fast 5), scoring only
+    as many settings as it takes; when every candidate fails, the stricter profile's setting
+    stands."""
+    rows = [row(22.0, 0.99, 0.01), row(25.0, 0.99, 0.02), row(28.0, 0.99, 0.03),
+            row(30.0, 0.99, 0.04)]
+    drops = {0.01: 9.0, 0.02: 3.0, 0.03: 1.5, 0.04: 0.0}
+    scored = []
+
+    def drop(r):
+        scored.append(r["threshold"])
+        return drops[r["threshold"]]
+
+    chosen = choose(rows, drop)
+    assert chosen["quality"]["threshold"] == 0.03  # 22 and 25 lose > 2 points
+    assert chosen["balanced"]["threshold"] == 0.03
+    # 25 calls lose 3 points (within fast's 5) and save over 5 % of balanced's 28
+    assert chosen["fast"]["threshold"] == 0.02
+    assert 0.04 not in scored  # nothing past the first setting that passes is scored
+
+
+def test_fast_falls_back_to_the_stricter_setting_when_every_cheaper_one_loses():
+    rows = [row(20.0, 0.99, 0.01), row(30.0, 0.99, 0.04)]
+    chosen = choose(rows, lambda r: 9.0 if r["threshold"] == 0.01 else 0.0)
+    assert chosen["balanced"]["threshold"] == 0.04
+    assert chosen["fast"]["threshold"] == 0.04
+    # without the check the SSIM floors alone take the cheap one
+    assert choose(rows)["fast"]["threshold"] == 0.01
