@@ -28,7 +28,14 @@ cpu`` then times the chosen profiles end to end, with the peers and adherence. W
 calibrated again. Writes ``bench/results/<date>-calibrate.json``.
 
     python -m bench calibrate [--write] [--prompts 6] [--guidance-reuse] [--resume]
-                              [--steps 20]
+                              [--steps 20] [--schedules] [--adherence 64]
+
+``--schedules`` adds schedules of full calls (:func:`schedule_family`, the step cache's
+``schedule`` and ``linear_below``), static or with the error budget on top. ``--adherence N``
+also holds each profile's adherence bar (``ADHERENCE_BARS``: every text-to-image attribute of
+the embedded model's evaluator within 2 points of stock, 5 for fast) on N batched held-out
+prompts: SSIM floors alone let through settings that keep the picture on most prompts but
+flip the count or shape of some (2026-12-03).
 
 ``--steps`` sets the schedule length (default 20, the embedded model's default). The
 settings of one length go into ``studio.json`` as that length's entry of each profile's list
@@ -38,9 +45,9 @@ row (``MAX_SKIPS_LONG``, from 40 steps), both forecast orders 0 and 1, and only 
 signal, which won every 20-step sweep here. The result file of a length other than 20 is
 ``<date>-calibrate-<steps>steps.json``.
 
-``--resume`` keeps the rows of today's result file that were measured on the same weights
-(training step) and prompts, and measures only the settings it lacks (a grid grown since,
-or a run cut off: rows are written as they are measured).
+``--resume`` keeps the rows of the newest result file of that length that were measured on
+the same weights (training step) and prompts, and measures only the settings it lacks (a
+grid grown since, or a run cut off: rows are written as they are measured).
 
 The method being tuned: our forecast step cache (``studio/engine/caching/step_cache.py``),
 after TeaCache (Liu et al., 2024: accumulate a cheap change signal, recompute past a
