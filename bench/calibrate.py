@@ -355,7 +355,6 @@ def _write_result(argv: list[str], prompts: list[str], runners: dict, rows: list
 
 
 def main(argv: list[str]) -> int:
-    from studio.engine.caching import StepCacheConfig
     from studio.engine.caching.cfg_reuse import CfgReuseConfig
 
     ap = argparse.ArgumentParser(prog="python -m bench calibrate")
@@ -433,8 +432,6 @@ def main(argv: list[str]) -> int:
                      for sch in sorted(schedules, key=len) for lb in SCHEDULE_LINEAR_BELOW
                      for threshold, warmup in SCHEDULE_SIGNALS]
         for signal, threshold, skips, order, warmup, reuse, extra in grid:
-            config = StepCacheConfig(threshold=threshold, order=order, warmup_steps=warmup,
-                                     max_consecutive_skips=skips, signal=signal, **extra)
             row = {"signal": signal, "threshold": threshold, "max_consecutive_skips": skips,
                    "order": order,
                    "warmup_steps": warmup, "guidance_reuse": None if reuse is None else {
@@ -446,7 +443,7 @@ def main(argv: list[str]) -> int:
             for name, per_prompt in runners.items():
                 calls, ssims, psnrs = [], [], []
                 for runner in per_prompt:
-                    c, out = runner.units(with_reuse(config, reuse))
+                    c, out = runner.units(with_reuse(*row_config(row)))
                     psnr, ssim = psnr_ssim(out, runner.baseline_out)
                     calls.append(c)
                     ssims.append(ssim)
