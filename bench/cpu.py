@@ -555,7 +555,9 @@ class Runner:
               f"{row['ssim_worst']:.4f}) PSNR {row['psnr_db']:.1f}", flush=True)
         return row
 
-    def adherence(self, method: Method) -> dict[str, float]:
+    def adherence(self, method: Method, seed: int = 0) -> dict[str, float]:
+        """Per attribute, the % of ``adherence_n`` held-out prompts
+        (``world.eval_prompts(seed=seed)``, batches of 8) the evaluator scores correct."""
         from studio.tiny import evaluate
 
         case, t = self.case, self.case.pipe.transformer
@@ -565,7 +567,7 @@ class Runner:
             report = evaluate.score_mode(
                 lambda caps: _squeeze(case.call(case.pipe, caps, 0, method.steps or case.steps),
                                       case.eval_mode),
-                case.eval_mode, n=self.adherence_n, seed=0, batch_size=8)
+                case.eval_mode, n=self.adherence_n, seed=seed, batch_size=8)
         finally:
             if method.teardown:
                 method.teardown(t)

@@ -145,7 +145,7 @@ def test_adherence_rules_out_a_cheaper_setting_that_loses_an_attribute():
     drops = {0.01: 9.0, 0.02: 3.0, 0.03: 1.5, 0.04: 0.0}
     scored = []
 
-    def drop(r):
+    def drop(r, bar):
         scored.append(r["threshold"])
         return drops[r["threshold"]]
 
@@ -159,8 +159,106 @@ def test_adherence_rules_out_a_cheaper_setting_that_loses_an_attribute():
 
 def test_fast_falls_back_to_the_stricter_setting_when_every_cheaper_one_loses():
     rows = [row(20.0, 0.99, 0.01), row(30.0, 0.99, 0.04)]
-    chosen = choose(rows, lambda r: 9.0 if r["threshold"] == 0.01 else 0.0)
+    chosen = choose(rows, lambda r, bar: 9.0 if r["threshold"] == 0.01 else 0.0)
     assert chosen["balanced"]["threshold"] == 0.04
     assert chosen["fast"]["threshold"] == 0.04
     # without the check the SSIM floors alone take the cheap one
     assert choose(rows)["fast"]["threshold"] == 0.01
+
+
+def _mode(calls, *ssims):
+    return {"full_denoiser_calls": calls, "ssim_per_prompt": list(ssims)}
+
+
+def test_a_setting_must_beat_fewer_steps_at_matched_work():
+    """A setting whose mean SSIM (in either mode) is below that of the fewer-steps run with
+    the most work within 5 % above its own is not chosen, however cheap; a setting making
+    less work than every fewer-steps run has nothing to beat."""
+    from bench.calibrate import beats_fewer_steps
+    refs = {"embedded-t2i": [_mode(2.0 * n, 0.90 + 0.005 * n) for n in range(10, 16)],
+            "embedded-t2v": [_mode(2.0 * n, 0.95 + 0.002 * n) for n in range(10, 16)]}
+    # 27.1 calls: 14 steps (28 calls) is within 5 % above; mean 0.963 < 0.970
+    fragile = {"worst_calls": 27.1, "worst_ssim": 0.90, "threshold": 0.002,
+               "embedded-t2i": _mode(27.1, 0.99, 0.936),
+               "embedded-t2v": _mode(26.4, 0.99, 0.99)}
+    steady = {"worst_calls": 29.3, "worst_ssim": 0.96, "threshold": 0.004,
+              "embedded-t2i": _mode(27.5, 0.99, 0.98), "embedded-t2v": _mode(29.3, 0.996)}
+    assert not beats_fewer_steps(fragile, refs)
+    assert beats_fewer_steps(steady, refs)
+    assert beats_fewer_steps(fragile, None)
+    # the clip mode alone can fail a row
+    clip_loses = {**steady, "embedded-t2v": _mode(29.3, 0.97)}
+    assert not beats_fewer_steps(clip_loses, refs)
+    cheap = {**fragile, "embedded-t2i": _mode(15.0, 0.5), "embedded-t2v": _mode(15.0, 0.5)}
+    assert beats_fewer_steps(cheap, refs)  # below every reference's work
+    chosen = choose([fragile, steady], fewer_steps=refs)
+    assert chosen["fast"] is steady and chosen["balanced"] is steady
+    assert choose([fragile, steady])["fast"] is fragile  # without references
+
+
+def test_adherence_drop_scores_clips_on_prompts_the_benchmark_does_not(monkeypatch):
+    """``_adherence_drop`` scores images then clips on ADHERENCE_SEED's prompts (not seed 0,
+    which ``bench cpu`` reports), keeps both in the row, and stops at the first mode past
+    the bar."""
+    import bench.calibrate as calibrate
+    from bench.cpu import Case
+
+    assert calibrate.ADHERENCE_SEED != 0
+    calls = []
+    stock = {"colour": 80.0, "shape": 50.0}
+
+    def fake_adherence(self, method, seed=0):
+        calls.append((self.case.eval_mode, method.kind, seed))
+        if method.kind == "baseline":
+            return dict(stock)
+        return {"colour": 77.0, "shape": 50.0} if self.case.eval_mode == "t2i" else {
+            "colour": 80.0, "shape": 44.0}
+
+    monkeypatch.setattr(calibrate.Runner, "adherence", fake_adherence)
+    cases = [Case("embedded-t2i", None, None, ["a"], 50, "t2i"),
+             Case("embedded-t2v", None, None, ["a"], 50, "t2v")]
+    drop = calibrate._adherence_drop(cases, 50, 64)
+    row = {"signal": "output", "threshold": 0.004, "order": 1, "warmup_steps": 3,
+           "max_consecutive_skips": 8, "guidance_reuse": None}
+    assert drop(row, 2.0) == pytest.approx(3.0)  # images lose 3 points: clips not scored
+    assert "adherence_t2v" not in row
+    assert drop(row, 5.0) == pytest.approx(6.0)  # clips lose 6 points of shape
+    assert row["adherence_t2v"]["seed"] == calibrate.ADHERENCE_SEED
+    assert {seed for _, _, seed in calls} == {calibrate.ADHERENCE_SEED}
+    n = len(calls)
+    assert drop(row, 5.0) == pytest.approx(6.0) and len(calls) == n  # kept in the row
+
+
+def test_fewer_steps_runs_are_made_only_for_the_candidates_checked(monkeypatch):
+    """The calibration's fewer-steps reference runs a step count only when a candidate asks
+    for it (the most steps whose work fits 5 % above the candidate's), once, and keeps it in
+    the result's rows."""
+    import bench.calibrate as calibrate
+
+    ran = []
+
+    class FakeRunner:
+        baseline = {"full_denoiser_calls": 100.0}
+        baseline_out = np.zeros((4, 4, 3), np.uint8)
+
+        def units(self, method):
+            ran.append(method.steps)
+            return 2.0 * method.steps, np.zeros((4, 4, 3), np.uint8)
+
+    monkeypatch.setattr(calibrate, "psnr_ssim", lambda a, b: (99.0, 0.9 + 0.004 * len(ran)))
+    rows = {}
+    reference = calibrate._fewer_steps_reference({"embedded-t2i": [FakeRunner()]}, 50, rows)
+    assert reference("embedded-t2i", 27.1 * 1.05)["steps"] == 14
+    assert reference("embedded-t2i", 28.0)["steps"] == 14 and ran == [14]  # kept
+    assert reference("embedded-t2i", 3.0) is None and ran == [14]  # fewer than 2 steps
+    assert [r["steps"] for r in rows["embedded-t2i"]] == [14]
+    # choose asks only for the candidates it checks, cheapest first
+    cheap = {"worst_calls": 20.0, "worst_ssim": 0.99, "threshold": 0.01,
+             "embedded-t2i": _mode(20.0, 0.5)}
+    ok = {"worst_calls": 24.0, "worst_ssim": 0.99, "threshold": 0.004,
+          "embedded-t2i": _mode(24.0, 0.999)}
+    dear = {"worst_calls": 40.0, "worst_ssim": 0.999, "threshold": 0.0005,
+            "embedded-t2i": _mode(40.0, 0.999)}
+    chosen = choose([cheap, ok, dear], fewer_steps=reference)
+    assert chosen["quality"] is ok and chosen["fast"] is ok
+    assert ran == [14, 10, 12]  # 20 and 24 calls checked (+5 %); 40 never
