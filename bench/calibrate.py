@@ -105,15 +105,15 @@ OUTPUT_THRESHOLDS = (0.0003, 0.0005, 0.001, 0.002, 0.004, 0.007, 0.01, 0.015, 0.
 MAX_SKIPS = (1, 2, 4)
 # from 40 steps: at 50 steps every threshold from 0.002 up skipped the most ≤2 in a row
 # allowed (40 calls of 100), and ≤4 kept the worst clip at 0.97 (2026-12-02); ≤3 was not
-# between ≤2 and ≤4 in quality (one clip 0.889), so it is not swept. ≤2 never made fewer
-# than 40 calls, which threshold 0.0005 with ≤4 matches at a better SSIM, and ≤6 was
-# between ≤4 and ≤8 in work and quality at every threshold (2026-12-03): both dropped, to
-# keep a 24-prompt sweep under an hour
-MAX_SKIPS_LONG = (4, 8)
+# between ≤2 and ≤4 in quality (one clip 0.889), so it is not swept. ≤6 was between ≤4 and
+# ≤8 in work and quality at every threshold (2026-12-03): dropped, to keep a 24-prompt sweep
+# under an hour. ≤2 makes at least 40 calls: kept for quality's floor, which on 24 prompts
+# nothing with ≤4 met (one image at 0.953)
+MAX_SKIPS_LONG = (2, 4, 8)
 # warm-up 8 instead of 5 cost 4 more calls at 50 steps and kept no prompt better (worst t2i
 # 0.885 against 0.895 at threshold 0.002, ≤4 skips); thresholds past 0.01 gave no fewer calls,
 # and from 0.007 every setting with ≤8 skips lost the SSIM floors (2026-12-03)
-OUTPUT_THRESHOLDS_LONG = (0.0005, 0.001, 0.002, 0.004)
+OUTPUT_THRESHOLDS_LONG = (0.0003, 0.0005, 0.001, 0.002, 0.004)
 # over 4-6 skipped steps of 50 the last output held (order 0, a long Euler step) did as well
 # as the linear forecast on the calibration prompts (threshold 0.002, ≤6: worst 0.945 / 0.977
 # against 0.977 / 0.976): both are swept
