@@ -262,7 +262,9 @@ def choose(rows: list[dict],
     """Per profile (strictest floor first), the swept setting with the least worst-case work
     meeting its SSIM floors (``FLOORS`` on the worst prompt, ``MEAN_FLOORS`` on the mean;
     None: no setting does); a looser profile keeps the stricter one's setting unless its own
-    saves at least ``LEAST_SAVING`` of that work. With ``fewer_steps`` (a
+    saves at least ``LEAST_SAVING`` of that work. Among the settings within ``MATCHED_WORK``
+    of the cheapest one that passes, the best mean SSIM (:func:`mean_ssim`) that also passes
+    is taken: ``bench cpu`` matches peers within that band. With ``fewer_steps`` (a
     :data:`FewerStepsReference` or reference rows by mode), a setting must also beat running
     fewer steps at matched work (:func:`beats_fewer_steps`). With ``adherence_drop`` (a row and the profile's bar -> the
     largest drop, in points, of any adherence attribute against stock; it may stop at the
@@ -275,18 +277,31 @@ def choose(rows: list[dict],
         ok = sorted((r for r in rows if r["worst_ssim"] >= floor
                      and mean_ssim(r) >= MEAN_FLOORS.get(profile, 0.0)),
                     key=lambda r: (r["worst_calls"], -r["worst_ssim"]))
+        bar = ADHERENCE_BARS[profile]
+
+        def passes(row):
+            return beats_fewer_steps(row, fewer_steps) and (
+                adherence_drop is None or adherence_drop(row, bar) <= bar)
+
         best = None
-        for row in ok:
+        for k, row in enumerate(ok):
             if (stricter is not None
                     and row["worst_calls"] > stricter["worst_calls"] * (1 - LEAST_SAVING)):
                 best = stricter
                 break
-            if not beats_fewer_steps(row, fewer_steps):
+            if not passes(row):
                 continue
-            bar = ADHERENCE_BARS[profile]
-            if adherence_drop is None or adherence_drop(row, bar) <= bar:
-                best = row
-                break
+            best = row
+            # the benchmark holds a setting against peers within ±5 % of its work: in that
+            # band the better mean SSIM is worth more than the last call saved
+            band = [r for r in ok[k + 1:]
+                    if r["worst_calls"] <= row["worst_calls"] * MATCHED_WORK
+                    and mean_ssim(r) > mean_ssim(row)]
+            for r in sorted(band, key=mean_ssim, reverse=True):
+                if passes(r):
+                    best = r
+                    break
+            break
         else:  # every candidate lost adherence: the stricter profile's setting holds more
             best = stricter if ok else None
         chosen[profile] = best

@@ -262,3 +262,18 @@ def test_fewer_steps_runs_are_made_only_for_the_candidates_checked(monkeypatch):
     chosen = choose([cheap, ok, dear], fewer_steps=reference)
     assert chosen["quality"] is ok and chosen["fast"] is ok
     assert ran == [14, 10, 12]  # 20 and 24 calls checked (+5 %); 40 never
+
+
+def test_within_matched_work_the_better_mean_ssim_wins():
+    """Among passing settings within 5 % of the cheapest passing one's work, the best mean
+    SSIM is taken (``bench cpu`` compares against peers in that band); a better one outside
+    the band, or one that fails adherence, is not."""
+    cheapest = row(40.1, 0.977, 0.002, mean=0.9955)
+    better = row(40.8, 0.953, 0.0005, mean=0.9957)
+    failing = row(41.0, 0.99, 0.001, mean=0.999)
+    outside = row(42.5, 0.99, 0.0003, mean=0.9999)
+    drops = {0.002: 1.6, 0.0005: 1.6, 0.001: 3.1, 0.0003: 0.0}
+    chosen = choose([cheapest, better, failing, outside], lambda r, bar: drops[r["threshold"]])
+    assert chosen["balanced"] is better
+    assert chosen["quality"] is outside  # the only one at its floor within 2 points
+    assert choose([cheapest, outside])["balanced"] is cheapest
