@@ -279,7 +279,7 @@ def choose(rows: list[dict],
                     key=lambda r: (r["worst_calls"], -r["worst_ssim"]))
         bar = ADHERENCE_BARS[profile]
 
-        def passes(row):
+        def passes(row, bar=bar):
             return beats_fewer_steps(row, fewer_steps) and (
                 adherence_drop is None or adherence_drop(row, bar) <= bar)
 
