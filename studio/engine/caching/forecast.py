@@ -2,14 +2,14 @@
 
 Features of a diffusion transformer move smoothly along the sampling trajectory, so a skipped
 step's features are better *forecast* from the last few full steps than reused as they are.
-The forecast here is Newton's divided-difference form of the interpolating polynomial through
-the last ``order + 1`` full steps, evaluated at the current timestep: order 0 is plain reuse
-(as in First Block Cache), order 1 a linear extrapolation, order 2 a quadratic one.
+The forecast here is the interpolating polynomial through the last ``order + 1`` full steps,
+evaluated at the current timestep: order 0 is plain reuse (as in First Block Cache), order 1 a
+linear extrapolation, order 2 a quadratic one.
 
 Source: the idea of forecasting cached features with a low-order Taylor expansion in the
 timestep is TaylorSeer (Liu et al., "From Reusing to Forecasting: Accelerating Diffusion
 Models with TaylorSeers", ICCV 2025); TaylorSeer uses finite differences over evenly spaced
-steps, here divided differences in the actual timestep so that uneven (shifted) schedules and
+steps, here the polynomial in the actual timestep so that uneven (shifted) schedules and
 skipped steps are handled exactly.
 """
 
@@ -41,18 +41,21 @@ def forecast(times: Sequence[float], values: Sequence[torch.Tensor], at: float,
         raise ValueError(f"forecast: need as many times as values (got {len(times)} times, "
                          f"{len(values)} values)")
     k = max(0, min(order, len(values) - 1))
-    ts = [float(t) for t in times[-(k + 1):]]
-    ys = [v.float() for v in values[-(k + 1):]]
     if k == 0:
         return values[-1]
-    # Newton form anchored at the newest point: p(at) = y_n + (at - t_n) f[t_n, t_n-1] + ...
-    ts, ys = ts[::-1], ys[::-1]  # newest first
-    table = list(ys)
-    result = table[0].clone()
-    factor = 1.0
-    for level in range(1, k + 1):
-        table = [(table[i] - table[i + 1]) / (ts[i] - ts[i + level])
-                 for i in range(len(table) - 1)]
-        factor *= (at - ts[level - 1])
-        result = result + factor * table[0]
+    ts = [float(t) for t in times[-(k + 1):]]
+    # the interpolating polynomial in Lagrange form: p(at) = sum_i w_i y_i, with the scalar
+    # weights computed here, so a forecast costs k + 1 tensor operations whatever the order
+    # (the same polynomial as Newton's form; a skipped call's cost is mostly these ops)
+    weights = []
+    for i, ti in enumerate(ts):
+        w = 1.0
+        for j, tj in enumerate(ts):
+            if j != i:
+                w *= (at - tj) / (ti - tj)
+        weights.append(w)
+    ys = values[-(k + 1):]
+    result = ys[-1].float() * weights[-1]
+    for w, y in zip(weights[:-1], ys[:-1], strict=True):
+        result = result.add(y.float(), alpha=w)
     return result.to(values[-1].dtype)

@@ -298,7 +298,9 @@ class TimestepReader:
         value = kwargs.get(self.name or "timestep")
         if value is None and self.index is not None and self.index < len(args):
             value = args[self.index]
-        return float(torch.as_tensor(value).float().max()) if value is not None else None
+        if value is None:
+            return None
+        return float((value if isinstance(value, torch.Tensor) else torch.as_tensor(value)).max())
 
 
 class _TrajectoryHook(ModelHook):
@@ -777,14 +779,17 @@ def forecast_error_estimate(times: list[float], values: list[torch.Tensor], at: 
         raise ValueError(f"forecast_error_estimate: need 3 times and values, got "
                          f"{len(times)} and {len(values)}")
     t3, t2, t1 = (float(t) for t in times[-3:])
-    v3, v2, v1 = (v.float() for v in values[-3:])
-    second = ((v1 - v2) / (t1 - t2) - (v2 - v3) / (t2 - t3)) / (t1 - t3)
-    remainder = second * ((at - t1) * (at - t2))
-    dims = tuple(range(1, v1.ndim))
-    if not dims:
-        return float(remainder.abs().sum() / v1.abs().sum().clamp_min(1e-12))
-    return float((remainder.abs().sum(dim=dims)
-                  / v1.abs().sum(dim=dims).clamp_min(1e-12)).max())
+    v3, v2, v1 = values[-3:]
+    # f[t1, t2, t3] (at - t1)(at - t2) as one weighted sum of the three values, the weights
+    # computed as Python floats: a skipped call pays a handful of tensor operations
+    span = (at - t1) * (at - t2)
+    remainder = (v1.float() * (span / ((t1 - t2) * (t1 - t3)))).add_(
+        v2.float(), alpha=span / ((t2 - t1) * (t2 - t3))).add_(
+        v3.float(), alpha=span / ((t3 - t1) * (t3 - t2)))
+    dims = tuple(range(1, v1.ndim)) or None
+    ratio = (torch.linalg.vector_norm(remainder, 1, dim=dims)
+             / torch.linalg.vector_norm(v1.float(), 1, dim=dims).clamp_min(1e-12))
+    return float(ratio.max())
 
 
 class _OutputForecastHook(_TrajectoryHook):
