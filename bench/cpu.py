@@ -12,8 +12,8 @@ Wan and Flux) this measures, in one process:
   nearest it reached, and a peer that skips no work at all is marked as doing nothing.
 
 Per configuration: end-to-end latency of one prompt (median of ``--runs`` runs) and its
-ratio to the baseline (the median over runs of a baseline run's time over the
-configuration's run right after it), full denoiser computations (the denoiser's linear and
+ratio to the baseline (each run sits between two baseline runs; the median over runs of the
+mean of its two neighbours' times over its own), full denoiser computations (the denoiser's linear and
 attention multiply-adds counted as they run, :class:`DenoiserWork`, in units of one full
 call), peak RSS above the process's level before the run, PSNR and SSIM of the uint8 output
 against the baseline output of the same prompt and seed, and, on the embedded model, the
@@ -504,10 +504,14 @@ class Runner:
 
     def measure(self, method: Method, adherence: bool = True) -> dict:
         """One row: the work and output of a counted run, then ``runs`` timed runs, each
-        right after a timed baseline run once the baseline is known: the speed-up is the
-        median of those pairs' ratios, so a slow or fast spell of a shared machine (seen
-        here: the same configuration ±40 % from one minute to the next) hits both sides of
-        a pair rather than one configuration's whole measurement."""
+        between two timed baseline runs once the baseline is known (B M B M ... M B:
+        ``runs + 1`` baseline runs): a run's ratio is the mean of its two neighbours' times
+        over its own, and the speed-up is the median of those ratios. A slow or fast spell
+        of a shared machine (seen here: the same configuration ±40 % from one minute to the
+        next) then hits both sides of a ratio rather than one configuration's whole
+        measurement, and a steady drift cancels to first order (a baseline run on one side
+        only left it in: on 2026-12-03 five such pairs read fast at ×2.97 where twelve
+        sandwiched runs read ×3.31)."""
         flops_each, outs = self.quality_runs(method)  # the work and the outputs
         flops, out, peak = float(np.mean(flops_each)), outs[0], 0
         times, base_times, repeatable = [], [], True
@@ -518,6 +522,8 @@ class Runner:
             repeatable &= bool(np.array_equal(timed, out))
             times.append(seconds)
             peak = max(peak, rss)
+        if self.baseline is not None:  # the closing baseline run of the last sandwich
+            base_times.append(self.once(BASELINE, count=False)[2])
         if not repeatable:  # state leaking between runs would show here
             print(f"  warning: {method.name}: a timed run's output differs from the first run's",
                   flush=True)
@@ -542,8 +548,13 @@ class Runner:
                           else float(np.mean([min(p, 99.0) for p in psnrs])))
         if self.baseline is not None:
             row["baseline_latencies_s"] = [round(x, 4) for x in base_times]
-            row["speedup"] = statistics.median(b / m for b, m in zip(base_times, times,
-                                                                     strict=True))
+            ratios = [(before + after) / 2 / m for before, after, m in
+                      zip(base_times[:-1], base_times[1:], times, strict=True)]
+            row["speedup"] = statistics.median(ratios)
+            row["speedups"] = [round(x, 3) for x in ratios]
+            if len(ratios) >= 4:  # the middle half of the runs' ratios: how far to trust it
+                q1, _, q3 = statistics.quantiles(ratios, n=4)
+                row["speedup_quartiles"] = [round(q1, 3), round(q3, 3)]
             row["work_ratio"] = self.baseline["full_denoiser_calls"] / max(
                 row["full_denoiser_calls"], 1e-9)
         else:
@@ -689,9 +700,16 @@ def _status_row(case: Case, peer: str, status: str) -> dict:
 
 
 # -- reporting ----------------------------------------------------------------------------
+def _spread(row: dict) -> str:
+    """`` (q1–q3)``: the quartiles of a row's per-run speed-ups, when it has them."""
+    q = row.get("speedup_quartiles")
+    return f" ({q[0]:.2f}–{q[1]:.2f})" if q else ""
+
+
 def markdown(rows: list[dict], command: str) -> str:
     lines = [f"Command: `{command}`", "",
-             "| case | profile | method | setting | full calls | speed-up | SSIM (worst) | "
+             "| case | profile | method | setting | full calls | speed-up (quartiles) | "
+             "SSIM (worst) | "
              "PSNR dB | status |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "latency_s" not in r:
@@ -700,7 +718,7 @@ def markdown(rows: list[dict], command: str) -> str:
             continue
         psnr = "∞" if r["psnr_db"] == float("inf") else f"{r['psnr_db']:.1f}"
         lines.append(f"| {r['case']} | {r.get('profile', '')} | {r['method']} | {r['setting']} "
-                     f"| {r['full_denoiser_calls']:.1f} | ×{r['speedup']:.2f} | "
+                     f"| {r['full_denoiser_calls']:.1f} | ×{r['speedup']:.2f}{_spread(r)} | "
                      f"{r['ssim']:.3f} ({r.get('ssim_worst', r['ssim']):.3f}) | {psnr} | "
                      f"{r.get('status', '')} |")
     adh = [r for r in rows if "adherence" in r]

@@ -4,6 +4,8 @@ skips, and every timed run reproduces the counted one."""
 
 import json
 
+import pytest
+
 from bench import cpu
 
 
@@ -15,9 +17,16 @@ def test_quick_run_on_tiny_wan(tmp_path):
     base = rows[0]
     assert base["method"] == "baseline" and base["full_denoiser_calls"] == 40.0
     assert len(base["latencies_s"]) == 2  # --quick: 2 timed runs
-    # every other configuration's runs are paired with baseline runs timed just before
-    assert all(len(r["baseline_latencies_s"]) == len(r["latencies_s"]) == 2
-               for r in rows[1:] if "latency_s" in r)
+    # every other configuration's runs sit between baseline runs (B M B M B), each run's
+    # ratio the mean of its neighbours over its own time, the speed-up their median
+    timed = [r for r in rows[1:] if "latency_s" in r]
+    assert timed and all(len(r["baseline_latencies_s"]) == 3 and len(r["latencies_s"]) == 2
+                         for r in timed)
+    for r in timed:
+        b, m = r["baseline_latencies_s"], r["latencies_s"]
+        ratios = [(b[0] + b[1]) / 2 / m[0], (b[1] + b[2]) / 2 / m[1]]
+        assert r["speedups"] == pytest.approx(ratios, rel=1e-2)
+        assert r["speedup"] == pytest.approx(sum(ratios) / 2, rel=1e-2)
     ours = {r["profile"]: r for r in rows if r["kind"] == "ours" and "+" not in r["method"]}
     assert set(ours) == set(cpu.PROFILES)
     assert ours["fast"]["full_denoiser_calls"] < 40.0  # the counter sees the skipped blocks
