@@ -169,6 +169,7 @@ class Case:
     # work and quality are measured over these, each run alone (prompt k with seed k), as the
     # studio runs one prompt per job; None: ``prompts``. The first must be ``prompts[0]``.
     quality_prompts: list[str] | None = None
+    video: bool = False  # makes clips: the model's clip-only step cache settings hold
 
     @property
     def guided(self) -> bool:
@@ -246,12 +247,13 @@ def build_cases(tmp: Path, only: set[str] | None,
         if not only or "embedded-t2v" in only:
             cases.append(Case("embedded-t2v", pipe, _wan_call(9, 64, guidance, text_len),
                               prompts[:1], 20, "t2v", tuning=studio,
-                              quality_prompts=[prompts[0], *held_out["t2v"]]))
+                              quality_prompts=[prompts[0], *held_out["t2v"]], video=True))
     if not only or "tiny-wan" in only:
         folder = build_tiny_wan(tmp / "wan", variant="t2v", num_layers=4, head_dim=32)
         pipe = WanPipeline.from_pretrained(folder, local_files_only=True)
         pipe.set_progress_bar_config(disable=True)
-        cases.append(Case("tiny-wan", pipe, _wan_call(9, 64, 5.0, 32), prompts[:1], 20))
+        cases.append(Case("tiny-wan", pipe, _wan_call(9, 64, 5.0, 32), prompts[:1], 20,
+                          video=True))
     if not only or "tiny-flux" in only:
         folder = build_tiny_flux(tmp / "flux")
         pipe = FluxPipeline.from_pretrained(folder, local_files_only=True)
@@ -276,15 +278,15 @@ class Method:
 
 
 def ours(profile: str, config=None, tuning: dict | None = None,
-         steps: int | None = None) -> Method:
+         steps: int | None = None, video: bool = False) -> Method:
     """The profile's levers as the engine sets them for a model with ``tuning`` (its
     studio.json: calibrated step cache settings, guidance reuse) for a job of ``steps``
-    steps, or the step cache at ``config``."""
+    steps making a clip (``video``) or an image, or the step cache at ``config``."""
     from studio.engine.caching import apply_step_cache, remove_step_cache
     from studio.engine.caching.cfg_reuse import apply_cfg_reuse, remove_cfg_reuse
     from studio.engine.profiles import levers_for
 
-    levers = levers_for(profile, "cpu", tuning, steps)
+    levers = levers_for(profile, "cpu", tuning, steps, video)
     cfg = config or levers.step_cache
     reuse = None if config is not None else levers.guidance_reuse
 
@@ -304,14 +306,14 @@ def ours(profile: str, config=None, tuning: dict | None = None,
 
 
 def ours_with_guidance_reuse(profile: str, reuse=None, tuning: dict | None = None,
-                             steps: int | None = None) -> Method:
+                             steps: int | None = None, video: bool = False) -> Method:
     """Our step cache of ``profile`` plus guidance reuse (the unconditional branch every
     other step after 3 warm-up steps, its difference to the conditional one forecast)."""
     from studio.engine.caching import apply_step_cache, remove_step_cache
     from studio.engine.caching.cfg_reuse import CfgReuseConfig, apply_cfg_reuse, remove_cfg_reuse
     from studio.engine.profiles import levers_for
 
-    cfg = levers_for(profile, "cpu", tuning, steps).step_cache
+    cfg = levers_for(profile, "cpu", tuning, steps, video).step_cache
     reuse = reuse or CfgReuseConfig()
 
     def setup(t):
@@ -329,7 +331,7 @@ def ours_with_guidance_reuse(profile: str, reuse=None, tuning: dict | None = Non
 
 
 def ours_with_token_reuse(profile: str, reuse=None, tuning: dict | None = None,
-                          steps: int | None = None) -> Method:
+                          steps: int | None = None, video: bool = True) -> Method:
     """Our step cache of ``profile`` plus token reuse on the full steps (each linear layer
     recomputes only the tokens whose input moved; issue 6's video redundancy lever)."""
     from studio.engine.caching import apply_step_cache, remove_step_cache
@@ -340,7 +342,7 @@ def ours_with_token_reuse(profile: str, reuse=None, tuning: dict | None = None,
     )
     from studio.engine.profiles import levers_for
 
-    cfg = levers_for(profile, "cpu", tuning, steps).step_cache
+    cfg = levers_for(profile, "cpu", tuning, steps, video).step_cache
     reuse = reuse or TokenReuseConfig()
 
     def setup(t):
@@ -655,17 +657,19 @@ def run_case(case: Case, runs: int, adherence_n: int, peers: tuple[str, ...],
         usable[peer] = (make, grid, continuous)
     matched: dict[str, list[dict]] = {}  # our setting -> the peer rows matched to it
     for profile in PROFILES:
-        mine = runner.measure(ours(profile, tuning=case.tuning, steps=case.steps))
+        mine = runner.measure(ours(profile, tuning=case.tuning, steps=case.steps,
+                                   video=case.video))
         mine["profile"] = profile
         rows.append(mine)
         if combined and case.guided:  # the lever acts on separate cond/uncond calls
             extra = runner.measure(ours_with_guidance_reuse(profile, tuning=case.tuning,
-                                                            steps=case.steps))
+                                                            steps=case.steps,
+                                                            video=case.video))
             extra["profile"] = profile
             rows.append(extra)
         if combined and case.eval_mode == "t2v":  # video: tokens that do not move across steps
             extra = runner.measure(ours_with_token_reuse(profile, tuning=case.tuning,
-                                                         steps=case.steps))
+                                                         steps=case.steps, video=True))
             extra["profile"] = profile
             rows.append(extra)
         target = mine["full_denoiser_calls"]

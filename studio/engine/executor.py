@@ -287,7 +287,7 @@ class JobExecutor:
             from studio.engine.profiles import levers_for
 
             levers = levers_for(request.optimization.profile, self.device, entry.tuning,
-                                request.steps)
+                                request.steps, request.is_video)
             runner, load_s = self.runner_for(entry, levers.precision)
             t_denoise = [0.0]
 

@@ -10,7 +10,10 @@ Per-model tuning: a model folder's ``studio.json`` may carry ``"step_cache": {"b
 fields replace the profile's defaults for that model. A profile's entry may also be a list of
 such settings, each with the schedule length it was calibrated at (``"steps": 20``): a job
 takes the one calibrated nearest its own number of steps (a 20-step trajectory allows fewer
-skips in a row than a 50-step one; :func:`tuning_for_steps`).
+skips in a row than a 50-step one; :func:`tuning_for_steps`). A setting with ``"video": true``
+(or false) was calibrated on clips (or images) only and holds only for such jobs: a clip's
+output and an image may need different settings for the same quality, and the calibration
+measures each.
 
 The table of levers, as shipped (``python -m studio.engine.profiles`` prints it):
 see :data:`PROFILE_TABLE_HEADER` and :func:`profile_table`.
@@ -124,27 +127,35 @@ class ProfileLevers:
         return f"profile {self.profile}: " + ", ".join(parts)
 
 
-def tuning_for_steps(entry: dict | list | None, steps: int | None, where: str) -> dict | None:
+def tuning_for_steps(entry: dict | list | None, steps: int | None, where: str,
+                     video: bool | None = None) -> dict | None:
     """The calibrated setting of one profile for a job of ``steps`` denoising steps.
 
     Args:
         entry: a studio.json ``step_cache.<profile>`` value: one setting (a dict, for every
             step count) or a list of settings each with ``"steps"``, the schedule length it
-            was calibrated at.
-        steps: the job's number of steps; None takes the first setting.
+            was calibrated at, and optionally ``"video"``: true for a setting calibrated on
+            clips only (jobs of 2+ frames), false for one calibrated on images only; a
+            setting without it holds for both.
+        steps: the job's number of steps; None takes the first setting that holds.
         where: the field's name for errors (``"studio.json step_cache.fast"``).
+        video: whether the job makes a clip (None: unknown; only settings without
+            ``"video"`` hold).
     Returns:
-        The setting's fields without ``"steps"`` (None: no entry). Of a list, the setting
-        calibrated nearest ``steps`` on a log scale (a tie goes to the shorter schedule).
+        The setting's fields without ``"steps"`` and ``"video"`` (None: no entry, or none
+        that holds for the job). Of a list, among the settings that hold, the one
+        calibrated nearest ``steps`` on a log scale; at the same distance one naming the
+        job's kind wins over one for both, then the shorter schedule.
     Raises:
-        ValueError: a list item that is not a dict with a positive integer ``"steps"``.
+        ValueError: a list item that is not a dict with a positive integer ``"steps"``, or
+            a ``"video"`` that is not true or false.
     """
     import math
 
     if not entry:
         return None
     if isinstance(entry, dict):
-        return {k: v for k, v in entry.items() if k != "steps"}
+        return {k: v for k, v in entry.items() if k not in ("steps", "video")}
     if not isinstance(entry, list):
         raise ValueError(f"{where}: expected a setting or a list of settings, got "
                          f"{type(entry).__name__}")
@@ -153,12 +164,19 @@ def tuning_for_steps(entry: dict | list | None, steps: int | None, where: str) -
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"{where}[{i}]: each setting of a list needs \"steps\", the "
                              "positive integer number of steps it was calibrated at")
+        if not isinstance(item.get("video", False), bool):
+            raise ValueError(f"{where}[{i}].video: must be true (clips only) or false "
+                             f"(images only), got {item['video']!r}")
+    held = [it for it in entry if "video" not in it or (video is not None
+                                                        and it["video"] == video)]
+    if not held:
+        return None
     if steps is None:
-        chosen = entry[0]
+        chosen = held[0]
     else:
-        chosen = min(entry, key=lambda it: (abs(math.log(max(steps, 1) / it["steps"])),
-                                            it["steps"]))
-    setting = {k: v for k, v in chosen.items() if k != "steps"}
+        chosen = min(held, key=lambda it: (abs(math.log(max(steps, 1) / it["steps"])),
+                                           "video" not in it, it["steps"]))
+    setting = {k: v for k, v in chosen.items() if k not in ("steps", "video")}
     if setting.get("schedule") and steps is not None and steps != chosen["steps"]:
         setting["schedule"] = stretch_schedule(setting["schedule"], chosen["steps"], steps,
                                                f"{where} schedule")
@@ -195,10 +213,12 @@ def stretch_schedule(schedule, length: int, steps: int, where: str) -> list[int]
 
 
 def levers_for(profile: str, device: torch.device | str = "cpu",
-               tuning: dict | None = None, steps: int | None = None) -> ProfileLevers:
+               tuning: dict | None = None, steps: int | None = None,
+               video: bool | None = None) -> ProfileLevers:
     """The levers of ``profile`` on ``device`` for a model with ``tuning`` (its studio.json),
-    for a job of ``steps`` denoising steps (picks among step cache settings calibrated at
-    several schedule lengths; None: the first).
+    for a job of ``steps`` denoising steps making a clip (``video``) or an image (picks among
+    step cache settings calibrated at several schedule lengths and per kind of output,
+    :func:`tuning_for_steps`; None: the first that holds for both kinds).
 
     Raises:
         ValueError: an unknown profile (names the allowed ones), or bad tuning values.
@@ -215,7 +235,7 @@ def levers_for(profile: str, device: torch.device | str = "cpu",
         return ProfileLevers(profile, attention=forced.kernel, attention_config=forced)
     cache = DEFAULT_STEP_CACHE[profile]
     override = tuning_for_steps(((tuning or {}).get("step_cache") or {}).get(profile), steps,
-                                f"studio.json step_cache.{profile}")
+                                f"studio.json step_cache.{profile}", video)
     if override:
         try:
             cache = replace(cache, **override)

@@ -277,3 +277,72 @@ def test_within_matched_work_the_better_mean_ssim_wins():
     assert chosen["balanced"] is better
     assert chosen["quality"] is outside  # the only one at its floor within 2 points
     assert choose([cheapest, outside])["balanced"] is cheapest
+
+
+def test_clips_take_their_own_cheaper_setting_where_it_passes_on_clips():
+    """``choose_per_mode``: a setting that fails on images but passes every rule on clips,
+    with at least LEAST_SAVING less clip work than the joint choice, becomes a clip-only
+    setting; its adherence is scored on clips only; the joint choice stays for images."""
+    import bench.calibrate as calibrate
+    from bench.calibrate import choose_per_mode, merged_step_cache
+
+    def setting(threshold, **modes):
+        worst = min(min(m["ssim_per_prompt"]) for m in modes.values())
+        calls = max(m["full_denoiser_calls"] for m in modes.values())
+        return {"signal": "output", "threshold": threshold, "max_consecutive_skips": 8,
+                "order": 1, "warmup_steps": 3, "guidance_reuse": None,
+                "worst_calls": calls, "worst_ssim": worst,
+                **{f"embedded-{k}": v for k, v in modes.items()}}
+
+    joint = setting(0.002, t2i=_mode(30.0, 0.97, 0.98), t2v=_mode(30.0, 0.99, 0.995))
+    cheap = setting(0.01, t2i=_mode(24.0, 0.70, 0.99), t2v=_mode(24.5, 0.97, 0.99))
+    barely = setting(0.004, t2i=_mode(29.0, 0.60, 0.99), t2v=_mode(29.0, 0.99, 0.99))
+    rows = [joint, cheap, barely]
+    chosen = choose(rows)
+    assert chosen["fast"] is joint and chosen["balanced"] is joint
+    scored = []
+
+    def drop(row, bar, modes=None):
+        scored.append((row["threshold"], frozenset(modes or ())))
+        return 0.0
+
+    gains = choose_per_mode(rows, chosen, drop)
+    assert gains["fast"] == {"embedded-t2v": cheap}  # 24.5 calls against 30 on clips
+    assert gains["balanced"] == {"embedded-t2v": cheap}
+    assert "embedded-t2i" not in gains.get("fast", {})  # images fail the cheaper rows
+    assert all(modes == {"t2v"} for t, modes in scored if t == 0.01)
+    # a clip-only setting that loses adherence on clips is not taken
+    gains = choose_per_mode(rows, chosen, lambda row, bar, modes=None: 9.0
+                            if row["threshold"] == 0.01 else 0.0)
+    assert gains == {}  # the next one on clips (29 calls) saves under LEAST_SAVING
+    # into studio.json: the joint setting for both kinds, the clip one marked "video": true
+    merged = merged_step_cache({}, {"fast": {"threshold": 0.002}}, 50,
+                               {"fast": {True: {"threshold": 0.01}}})
+    assert merged["fast"] == [{"steps": 50, "threshold": 0.002},
+                              {"steps": 50, "video": True, "threshold": 0.01}]
+    again = merged_step_cache(merged, {"fast": {"threshold": 0.003}}, 50)
+    assert again["fast"] == [{"steps": 50, "threshold": 0.003}]  # a new run replaces both
+    assert calibrate.MODE_VIDEO == {"embedded-t2i": False, "embedded-t2v": True}
+
+
+def test_a_job_takes_the_setting_of_its_kind_of_output():
+    from studio.engine.profiles import levers_for, tuning_for_steps
+
+    entry = [{"steps": 20, "threshold": 0.1}, {"steps": 50, "threshold": 0.2},
+             {"steps": 50, "video": True, "threshold": 0.3},
+             {"steps": 20, "video": False, "threshold": 0.4}]
+    assert tuning_for_steps(entry, 50, "x", video=True) == {"threshold": 0.3}
+    assert tuning_for_steps(entry, 50, "x", video=False) == {"threshold": 0.2}
+    assert tuning_for_steps(entry, 50, "x") == {"threshold": 0.2}  # unknown: both kinds'
+    assert tuning_for_steps(entry, 20, "x", video=False) == {"threshold": 0.4}
+    assert tuning_for_steps(entry, 20, "x", video=True) == {"threshold": 0.1}
+    # nearest length first: a 40-step clip takes the 50-step clip setting
+    assert tuning_for_steps(entry, 40, "x", video=True) == {"threshold": 0.3}
+    assert tuning_for_steps([{"steps": 50, "video": True, "a": 1}], 50, "x", False) is None
+    with pytest.raises(ValueError, match=r"x\[0\]\.video"):
+        tuning_for_steps([{"steps": 50, "video": "yes"}], 50, "x", True)
+    tuning = {"step_cache": {"fast": [{"steps": 50, "signal": "output", "threshold": 0.004},
+                                      {"steps": 50, "video": True, "signal": "output",
+                                       "threshold": 0.01}]}}
+    assert levers_for("fast", "cpu", tuning, 50, video=True).step_cache.threshold == 0.01
+    assert levers_for("fast", "cpu", tuning, 50, video=False).step_cache.threshold == 0.004

@@ -315,7 +315,7 @@ class FamilyRunner:
         from studio.engine.profiles import apply_levers, levers_for, levers_from_step
 
         levers = levers_for(request.optimization.profile, self.device, self.entry.tuning,
-                            request.steps)
+                            request.steps, request.is_video)
         if request.mode == "i2i":  # SDEdit runs the schedule's last steps x strength
             levers = levers_from_step(levers, request.steps - int(request.steps
                                                                   * request.strength))
