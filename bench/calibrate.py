@@ -29,6 +29,7 @@ calibrated again. Writes ``bench/results/<date>-calibrate.json``.
 
     python -m bench calibrate [--write] [--prompts 6] [--guidance-reuse] [--resume]
                               [--steps 20] [--schedules] [--adherence 64] [--per-mode]
+                              [--validate 48]
 
 ``--schedules`` adds schedules of full calls (:func:`schedule_family`, the step cache's
 ``schedule`` and ``linear_below``), static or with the error budget on top. ``--adherence N``
@@ -48,6 +49,10 @@ in the result (``fewer_steps``).
 mode's own choice (its floors, fewer-steps rule and adherence bar on that mode only) makes at
 least ``LEAST_SAVING`` less work in that mode than the setting chosen for both, it goes into
 ``studio.json`` as a setting for that kind of job only (``"video": true`` or ``false``).
+
+``--validate N`` holds each pick's SSIM floors on N more images and N/2 more clips from the
+same caption generator, after the ones the rows are measured on (:func:`_validator`): a
+setting that only just passes the calibration prompts is caught there, not in the benchmark.
 
 ``--steps`` sets the schedule length (default 20, the embedded model's default). The
 settings of one length go into ``studio.json`` as that length's entry of each profile's list
@@ -263,6 +268,7 @@ def mean_ssim(row: dict) -> float:
 def choose(rows: list[dict],
            adherence_drop: Callable[[dict, float], float] | None = None,
            fewer_steps: FewerStepsReference | dict[str, list[dict]] | None = None,
+           validate: Callable[[dict, str], bool] | None = None,
            ) -> dict[str, dict | None]:
     """Per profile (strictest floor first), the swept setting with the least worst-case work
     meeting its SSIM floors (``FLOORS`` on the worst prompt, ``MEAN_FLOORS`` on the mean;
@@ -275,7 +281,8 @@ def choose(rows: list[dict],
     largest drop, in points, of any adherence attribute against stock; it may stop at the
     first attribute past the bar), a setting must also keep that within the profile's
     ``ADHERENCE_BARS``; the candidates are scored cheapest first, and only as many as it
-    takes."""
+    takes. With ``validate`` ((row, profile) -> whether the row holds the profile's floors
+    on other prompts, :func:`_validator`), a setting must also hold them there."""
     chosen: dict[str, dict | None] = {}
     stricter = None
     for profile, floor in sorted(FLOORS.items(), key=lambda kv: -kv[1]):
@@ -284,9 +291,10 @@ def choose(rows: list[dict],
                     key=lambda r: (r["worst_calls"], -r["worst_ssim"]))
         bar = ADHERENCE_BARS[profile]
 
-        def passes(row, bar=bar):
+        def passes(row, bar=bar, profile=profile):
             return beats_fewer_steps(row, fewer_steps) and (
-                adherence_drop is None or adherence_drop(row, bar) <= bar)
+                adherence_drop is None or adherence_drop(row, bar) <= bar) and (
+                validate is None or validate(row, profile))
 
         best = None
         for k, row in enumerate(ok):
@@ -324,8 +332,8 @@ def mode_view(row: dict, mode: str) -> dict:
     ``choose`` adds to it (adherence scores) is copied back by :func:`choose_per_mode`."""
     others = {m for m in MODE_VIDEO if m != mode}
     short = {m.removeprefix("embedded-") for m in others}
-    view = {k: v for k, v in row.items()
-            if k not in others and k.removeprefix("adherence_") not in short}
+    view = {k: v for k, v in row.items() if k not in others
+            and k.removeprefix("adherence_").removeprefix("validation_") not in short}
     view["worst_calls"] = row[mode]["full_denoiser_calls"]
     view["worst_ssim"] = row[mode].get("ssim", min(row[mode]["ssim_per_prompt"]))
     return view
@@ -334,12 +342,14 @@ def mode_view(row: dict, mode: str) -> dict:
 def choose_per_mode(rows: list[dict], joint: dict[str, dict | None],
                     adherence_drop: Callable[..., float] | None = None,
                     fewer_steps: FewerStepsReference | dict[str, list[dict]] | None = None,
+                    validate: Callable[[dict, str], bool] | None = None,
                     ) -> dict[str, dict[str, dict]]:
     """Per profile, the settings that beat its ``joint`` choice (one setting for images and
     clips) on one kind of output: for each mode, :func:`choose` over the rows seen from that
     mode alone (:func:`mode_view`: its floors, fewer-steps rule and adherence bar on that
-    mode only), kept when it makes at least ``LEAST_SAVING`` less work in that mode than
-    the joint choice does. Returns profile -> {mode: row} (only the modes that gain).
+    mode only; with ``validate``, held on that mode's validation prompts), kept when it
+    makes at least ``LEAST_SAVING`` less work in that mode than the joint choice does.
+    Returns profile -> {mode: row} (only the modes that gain).
 
     Why: on the embedded model at 50 steps clips kept a higher SSIM than images at the same
     work (the fast setting: 0.997 on clips, 0.992 on images, 2026-12-03), so a setting
@@ -355,9 +365,10 @@ def choose_per_mode(rows: list[dict], joint: dict[str, dict | None],
 
             def drop(row, bar, short=short):
                 return adherence_drop(row, bar, {short})
-        picked = choose(views, drop, fewer_steps)
-        for row, view in zip(rows, views, strict=True):  # adherence scored on the views
-            row.update({k: v for k, v in view.items() if k.startswith("adherence_")})
+        picked = choose(views, drop, fewer_steps, validate)
+        for row, view in zip(rows, views, strict=True):  # scores made on the views
+            row.update({k: v for k, v in view.items()
+                        if k.startswith(("adherence_", "validation_"))})
         for profile, view in picked.items():
             base = joint.get(profile)
             if view is None or base is None or _row_key(view) == _row_key(base):
@@ -366,6 +377,60 @@ def choose_per_mode(rows: list[dict], joint: dict[str, dict | None],
                 row = next(r for r in rows if _row_key(r) == _row_key(view))
                 gains.setdefault(profile, {})[mode] = row
     return gains
+
+
+def _validator(cases: dict[str, Case], prompts: dict[str, list[str]], steps: int,
+               first: int) -> Callable[[dict, str], bool]:
+    """For ``choose``: (a row, a profile) -> whether the row's setting keeps the profile's
+    SSIM floors (``FLOORS`` on the worst prompt, ``MEAN_FLOORS`` on the mean) on validation
+    prompts (``prompts``: mode -> captions; the calibration's own generator's captions after
+    the first ``first`` it measures the rows on), one per run, in each mode the row has. The
+    stock outputs are made when first needed; each row keeps its scores
+    (``validation_t2i``, ``validation_t2v``), so a resumed run scores it again only for
+    another validation set.
+
+    Why: a setting chosen as the cheapest to pass on some prompts is the one most likely to
+    have just passed them. On 2026-12-03 the image-only quality pick (0.001, order 1, ≤2
+    skips) kept 0.986 on the 26 calibration images and 0.938 on one of the benchmark's."""
+    runners: dict[str, list[Runner]] = {}
+
+    def mode_runners(mode: str) -> list[Runner]:
+        if mode not in runners:
+            case = cases[mode]
+            runners[mode] = []
+            for prompt in prompts[mode]:
+                runner = Runner(Case(case.name, case.pipe, case.call, [prompt], steps,
+                                     case.eval_mode), runs=0, adherence_n=0)
+                out, flops, _, _ = runner.once(BASELINE, prompts=[prompt])
+                runner.baseline_out = out
+                runner.flops_per_call = flops / (steps * case.denoiser_calls_per_step)
+                runners[mode].append(runner)
+        return runners[mode]
+
+    def validate(row: dict, profile: str) -> bool:
+        for mode in MODE_VIDEO:
+            if mode not in row or mode not in cases or not prompts.get(mode):
+                continue
+            key = f"validation_{mode.removeprefix('embedded-')}"
+            kept = row.get(key) or {}
+            if kept.get("from") != first or kept.get("prompts") != len(prompts[mode]):
+                calls, ssims = [], []
+                for runner in mode_runners(mode):
+                    c, out = runner.units(with_reuse(*row_config(row)))
+                    calls.append(c)
+                    ssims.append(psnr_ssim(out, runner.baseline_out)[1])
+                row[key] = kept = {"from": first, "prompts": len(ssims),
+                                   "full_denoiser_calls": round(float(np.mean(calls)), 2),
+                                   "ssim_per_prompt": [round(x, 4) for x in ssims]}
+                print(f"  {mode} validation {row_config(row)[0].describe()}: "
+                      f"{kept['full_denoiser_calls']:.1f} calls, mean SSIM "
+                      f"{np.mean(ssims):.4f}, worst {min(ssims):.4f}", flush=True)
+            ssims = kept["ssim_per_prompt"]
+            if min(ssims) < FLOORS[profile] or np.mean(ssims) < MEAN_FLOORS.get(profile, 0.0):
+                return False
+        return True
+
+    return validate
 
 
 def row_config(row: dict):
@@ -569,6 +634,9 @@ def main(argv: list[str]) -> int:
                          "text-to-image prompts (0: SSIM floors only)")
     ap.add_argument("--schedules", action="store_true",
                     help="also sweep static schedules of full steps (schedule_family)")
+    ap.add_argument("--validate", type=int, default=0, metavar="N",
+                    help="also hold each profile's SSIM floors on N other images (and N/2 "
+                         "clips) from the same caption generator (_validator; 0: off)")
     ap.add_argument("--per-mode", action="store_true",
                     help="also choose per kind of output (images, clips) where that saves "
                          "work (choose_per_mode): studio.json's \"video\" settings")
@@ -578,6 +646,8 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     if args.prompts < 1:
         ap.error("--prompts: must be at least 1")
+    if not 0 <= args.validate <= 512:
+        ap.error(f"--validate: {args.validate} must be in 0..512")
     if not 0 <= args.adherence <= 512:
         ap.error(f"--adherence: {args.adherence} must be in 0..512")
     if not 4 <= args.steps <= 200:
@@ -666,14 +736,22 @@ def main(argv: list[str]) -> int:
                   + "  ".join(f"{n} {row[n]['full_denoiser_calls']:.1f} calls SSIM "
                               f"{row[n]['ssim']:.4f}" for n in runners), flush=True)
     full = runners["embedded-t2i"][0].baseline["full_denoiser_calls"]
+    validate = None
+    if args.validate:
+        held = eval_prompts(args.prompts + args.validate)[args.prompts:]
+        validate = _validator({c.name: c for c in cases},
+                              {"embedded-t2i": held,
+                               "embedded-t2v": held[:max(1, len(held) // 2)]},
+                              args.steps, args.prompts)
     drop = None
     if args.adherence:
         drop = _adherence_drop([items["embedded-t2i"][0], items["embedded-t2v"][0]],
                                args.steps, args.adherence)
     with torch.inference_mode():
         reference = _fewer_steps_reference(runners, args.steps, fewer_steps)
-        chosen = choose(rows, drop, reference)
-        per_mode = choose_per_mode(rows, chosen, drop, reference) if args.per_mode else {}
+        chosen = choose(rows, drop, reference, validate)
+        per_mode = (choose_per_mode(rows, chosen, drop, reference, validate)
+                    if args.per_mode else {})
     for profile, row in chosen.items():
         if row is None:
             print(f"{profile}: no swept setting keeps SSIM ≥ {FLOORS[profile]}")

@@ -346,3 +346,50 @@ def test_a_job_takes_the_setting_of_its_kind_of_output():
                                        "threshold": 0.01}]}}
     assert levers_for("fast", "cpu", tuning, 50, video=True).step_cache.threshold == 0.01
     assert levers_for("fast", "cpu", tuning, 50, video=False).step_cache.threshold == 0.004
+
+
+def test_a_pick_must_hold_its_floors_on_validation_prompts(monkeypatch):
+    """``_validator``: a setting that passes on the calibration prompts but drops one
+    validation prompt below the profile's floor is not chosen for that profile; the stock
+    outputs are made once, each row's validation scores are kept and not made again."""
+    import bench.calibrate as calibrate
+    from bench.cpu import Case, Method
+
+    made = []
+
+    def fake_once(self, method, count=True, prompts=None, seed=0):
+        made.append(("stock", prompts[0]))
+        return ("stock", prompts[0]), 400.0, 0.0, 0
+
+    def fake_units(self, method):
+        made.append((method.setting, self.case.prompts[0]))
+        return 20.0, (method.setting, self.case.prompts[0])
+
+    # the setting 0.001 loses validation prompt "b" (0.93); 0.0005 keeps every prompt
+    ssim = {("0.001", "b"): 0.93}
+    monkeypatch.setattr(calibrate.Runner, "once", fake_once)
+    monkeypatch.setattr(calibrate.Runner, "units", fake_units)
+    monkeypatch.setattr(calibrate, "with_reuse", lambda config, reuse: Method(
+        "sweep", "ours", f"{config.threshold:g}"))
+    monkeypatch.setattr(calibrate, "psnr_ssim",
+                        lambda out, base: (30.0, ssim.get(out, 0.995)))
+    case = Case("embedded-t2i", None, None, ["x"], 50, "t2i")
+    validate = calibrate._validator({"embedded-t2i": case}, {"embedded-t2i": ["a", "b"]},
+                                    50, 26)
+
+    def setting(threshold, calls):
+        return {"signal": "output", "threshold": threshold, "max_consecutive_skips": 2,
+                "order": 1, "warmup_steps": 5, "guidance_reuse": None, "worst_calls": calls,
+                "worst_ssim": 0.99, "embedded-t2i": _mode(calls, 0.99, 0.995)}
+
+    fragile, steady = setting(0.001, 30.0), setting(0.0005, 40.0)
+    chosen = choose([fragile, steady], validate=validate)
+    assert chosen["quality"] is steady and chosen["balanced"] is steady  # 0.93 < 0.95
+    assert chosen["fast"] is fragile  # fast's floors: worst 0.85, mean 0.95
+    assert fragile["validation_t2i"] == {"from": 26, "prompts": 2,
+                                         "full_denoiser_calls": 20.0,
+                                         "ssim_per_prompt": [0.995, 0.93]}
+    assert sorted(p for who, p in made if who == "stock") == ["a", "b"]  # once each
+    n = len(made)
+    assert choose([fragile, steady], validate=validate) == chosen and len(made) == n
+    assert choose([fragile, steady])["quality"] is fragile  # without validation

@@ -571,3 +571,36 @@ def test_an_image_to_image_trajectory_starts_the_schedule_where_it_starts():
     assert levers_from_step(levers, 0) is levers
     exact = levers_for("exact", "cpu")
     assert levers_from_step(exact, 20) is exact  # no cache: nothing to move
+
+
+def test_a_clip_job_takes_the_clip_setting_and_an_image_job_the_other(tiny_models, tmp_path):
+    """A model's studio.json may calibrate a profile for clips alone (``"video": true``, as
+    ``bench calibrate --per-mode --write`` does): the runner applies that setting to a
+    text-to-video job and the one for both kinds to a text-to-image job of the same model,
+    and says which in the job's notes."""
+    import json
+    import shutil
+
+    from studio.core.request import GenerationRequest, OptimizationSettings
+    from studio.engine.executor import runner_class
+    from studio.engine.models.registry import ModelRegistry
+
+    folder = tmp_path / "wan"
+    shutil.copytree(tiny_models["wan-t2v"], folder)
+    both = {"steps": 8, "signal": "output", "threshold": 0.0031, "order": 1,
+            "warmup_steps": 3, "max_consecutive_skips": 2}
+    clips = {**both, "video": True, "threshold": 0.0097}
+    (folder / "studio.json").write_text(json.dumps({"step_cache": {"fast": [both, clips]}}))
+    entry = ModelRegistry(include_hf_cache=False).resolve(str(folder))
+    assert {"t2i", "t2v"} <= set(entry.capabilities.modes)
+    runner = runner_class(entry.family)(entry, torch.device("cpu"), torch.float32)
+
+    def notes(mode, frames):
+        request = GenerationRequest(model=str(folder), prompt="a red circle", seed=4, steps=8,
+                                    guidance_scale=4.0, width=32, height=32, mode=mode,
+                                    num_frames=frames, optimization=OptimizationSettings("fast"))
+        return " ".join(runner.run(request, {}, lambda *a: None).notes)
+
+    assert "threshold 0.0097" in notes("t2v", 5)
+    image = notes("t2i", 1)
+    assert "threshold 0.0031" in image and "0.0097" not in image
