@@ -249,7 +249,8 @@ def beats_fewer_steps(row: dict,
     if isinstance(reference, dict):
         reference = references_from_rows(reference)
     for mode, mine in row.items():
-        if not isinstance(mine, dict) or not mine.get("ssim_per_prompt"):
+        if (not isinstance(mine, dict) or not mine.get("ssim_per_prompt")
+                or mode.startswith("validation_")):  # a mode's results, not its scores
             continue
         ref = reference(mode, mine["full_denoiser_calls"] * MATCHED_WORK)
         if ref is not None and np.mean(mine["ssim_per_prompt"]) < np.mean(ref["ssim_per_prompt"]):
@@ -260,8 +261,9 @@ def beats_fewer_steps(row: dict,
 def mean_ssim(row: dict) -> float:
     """A calibration row's mean SSIM over prompts in its worse mode (the worst prompt's
     SSIM where the per-prompt values are missing)."""
-    means = [float(np.mean(v["ssim_per_prompt"])) for v in row.values()
-             if isinstance(v, dict) and v.get("ssim_per_prompt")]
+    means = [float(np.mean(v["ssim_per_prompt"])) for k, v in row.items()
+             if isinstance(v, dict) and v.get("ssim_per_prompt")
+             and not k.startswith("validation_")]
     return min(means) if means else row["worst_ssim"]
 
 
@@ -380,14 +382,15 @@ def choose_per_mode(rows: list[dict], joint: dict[str, dict | None],
 
 
 def _validator(cases: dict[str, Case], prompts: dict[str, list[str]], steps: int,
-               first: int) -> Callable[[dict, str], bool]:
+               first: int, on_score: Callable[[], None] | None = None,
+               ) -> Callable[[dict, str], bool]:
     """For ``choose``: (a row, a profile) -> whether the row's setting keeps the profile's
     SSIM floors (``FLOORS`` on the worst prompt, ``MEAN_FLOORS`` on the mean) on validation
     prompts (``prompts``: mode -> captions; the calibration's own generator's captions after
     the first ``first`` it measures the rows on), one per run, in each mode the row has. The
     stock outputs are made when first needed; each row keeps its scores
     (``validation_t2i``, ``validation_t2v``), so a resumed run scores it again only for
-    another validation set.
+    another validation set; ``on_score`` is called after each new score (to save it).
 
     Why: a setting chosen as the cheapest to pass on some prompts is the one most likely to
     have just passed them. On 2026-12-03 the image-only quality pick (0.001, order 1, ≤2
@@ -425,6 +428,8 @@ def _validator(cases: dict[str, Case], prompts: dict[str, list[str]], steps: int
                 print(f"  {mode} validation {row_config(row)[0].describe()}: "
                       f"{kept['full_denoiser_calls']:.1f} calls, mean SSIM "
                       f"{np.mean(ssims):.4f}, worst {min(ssims):.4f}", flush=True)
+                if on_score is not None:
+                    on_score()
             ssims = kept["ssim_per_prompt"]
             if min(ssims) < FLOORS[profile] or np.mean(ssims) < MEAN_FLOORS.get(profile, 0.0):
                 return False
@@ -445,8 +450,9 @@ def row_config(row: dict):
     return config, reuse
 
 
-def _adherence_drop(cases: list[Case], steps: int,
-                    prompts: int) -> Callable[[dict, float], float]:
+def _adherence_drop(cases: list[Case], steps: int, prompts: int,
+                    on_score: Callable[[], None] | None = None,
+                    ) -> Callable[[dict, float], float]:
     """For ``choose``: (a row, a bar[, modes]) -> the largest drop in points of any adherence
     attribute against stock, over the modes of ``cases`` (text-to-image, then text-to-video;
     only ``modes`` when given;
@@ -477,6 +483,8 @@ def _adherence_drop(cases: list[Case], steps: int,
                                    "scores": scores, "stock": base}
                 print(f"  {mode} adherence {row_config(row)[0].describe()}: {scores}",
                       flush=True)
+                if on_score is not None:  # saved as it is made: a cut-off run resumes
+                    on_score()
             worst = max(worst, *(base[k] - v for k, v in kept["scores"].items()
                                  if k in base and not (np.isnan(v) or np.isnan(base[k]))))
             if worst > bar:
@@ -736,17 +744,22 @@ def main(argv: list[str]) -> int:
                   + "  ".join(f"{n} {row[n]['full_denoiser_calls']:.1f} calls SSIM "
                               f"{row[n]['ssim']:.4f}" for n in runners), flush=True)
     full = runners["embedded-t2i"][0].baseline["full_denoiser_calls"]
+
+    def save_scores():
+        _write_result(argv, prompts, runners, rows, partial=True, steps=args.steps,
+                      fewer_steps=fewer_steps)
+
     validate = None
     if args.validate:
         held = eval_prompts(args.prompts + args.validate)[args.prompts:]
         validate = _validator({c.name: c for c in cases},
                               {"embedded-t2i": held,
                                "embedded-t2v": held[:max(1, len(held) // 2)]},
-                              args.steps, args.prompts)
+                              args.steps, args.prompts, save_scores)
     drop = None
     if args.adherence:
         drop = _adherence_drop([items["embedded-t2i"][0], items["embedded-t2v"][0]],
-                               args.steps, args.adherence)
+                               args.steps, args.adherence, save_scores)
     with torch.inference_mode():
         reference = _fewer_steps_reference(runners, args.steps, fewer_steps)
         chosen = choose(rows, drop, reference, validate)

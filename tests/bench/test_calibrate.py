@@ -393,3 +393,8 @@ def test_a_pick_must_hold_its_floors_on_validation_prompts(monkeypatch):
     n = len(made)
     assert choose([fragile, steady], validate=validate) == chosen and len(made) == n
     assert choose([fragile, steady])["quality"] is fragile  # without validation
+    # the kept scores are not a mode: the mean and the fewer-steps rule ignore them
+    from bench.calibrate import beats_fewer_steps
+
+    assert mean_ssim(fragile) == pytest.approx(0.9925)
+    assert beats_fewer_steps(fragile, {"embedded-t2i": [_mode(30.0, 0.98)]})
