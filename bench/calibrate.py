@@ -238,6 +238,13 @@ def references_from_rows(rows: dict[str, list[dict]]) -> FewerStepsReference:
     return reference
 
 
+def _mode_results(row: dict) -> dict[str, dict]:
+    """A calibration row's per-mode results with per-prompt SSIM (mode -> results), not the
+    scores kept beside them (``validation_*`` also holds per-prompt SSIM)."""
+    return {k: v for k, v in row.items() if isinstance(v, dict) and v.get("ssim_per_prompt")
+            and not k.startswith("validation_")}
+
+
 def beats_fewer_steps(row: dict,
                       reference: FewerStepsReference | dict[str, list[dict]] | None) -> bool:
     """Whether a calibration row's mean SSIM over prompts, in each of its modes, is at least
@@ -248,10 +255,7 @@ def beats_fewer_steps(row: dict,
         return True
     if isinstance(reference, dict):
         reference = references_from_rows(reference)
-    for mode, mine in row.items():
-        if (not isinstance(mine, dict) or not mine.get("ssim_per_prompt")
-                or mode.startswith("validation_")):  # a mode's results, not its scores
-            continue
+    for mode, mine in _mode_results(row).items():
         ref = reference(mode, mine["full_denoiser_calls"] * MATCHED_WORK)
         if ref is not None and np.mean(mine["ssim_per_prompt"]) < np.mean(ref["ssim_per_prompt"]):
             return False
@@ -261,9 +265,7 @@ def beats_fewer_steps(row: dict,
 def mean_ssim(row: dict) -> float:
     """A calibration row's mean SSIM over prompts in its worse mode (the worst prompt's
     SSIM where the per-prompt values are missing)."""
-    means = [float(np.mean(v["ssim_per_prompt"])) for k, v in row.items()
-             if isinstance(v, dict) and v.get("ssim_per_prompt")
-             and not k.startswith("validation_")]
+    means = [float(np.mean(v["ssim_per_prompt"])) for v in _mode_results(row).values()]
     return min(means) if means else row["worst_ssim"]
 
 
