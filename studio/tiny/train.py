@@ -37,6 +37,7 @@ import torch
 
 from studio.tiny import world
 from studio.tiny.autoencoder import (  # noqa: F401
+    ARCHITECTURE_FILE,
     CLIP_FRAMES,
     LATENT_CHANNELS,
     SIZE,
@@ -50,6 +51,7 @@ from studio.tiny.autoencoder import (  # noqa: F401
     load_trained_vae,
     psnr,
     to_tensor,
+    vae_architecture,
 )
 from studio.tiny.denoiser import (  # noqa: F401
     TEXT_LEN,
@@ -283,6 +285,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="decoder: start from <out>/decoder's trained decoder rather than "
                              "the jointly trained VAE's (to train a candidate in "
                              "--decoder-dir)")
+    parser.add_argument("--clip-share", type=float, default=0.25,
+                        help="vae: share of steps on clips rather than images (default 0.25, "
+                             "as the shipped VAE)")
+    parser.add_argument("--temporal-compression", type=int, default=None, choices=[2, 4],
+                        help="vae: frames per latent frame (4: 9 frames -> 3 latent frames, "
+                             "the shipped VAE; 2: -> 5). Default: the run's, else 4")
+    parser.add_argument("--edge-weight", type=float, default=0.0,
+                        help="vae: extra loss weight on object outlines (default 0)")
+    parser.add_argument("--reconstruction-metrics", action="store_true",
+                        help="vae: add the evaluator's shape, colour and motion accuracy on "
+                             "round trips of held-out renders to each checkpoint's eval line")
     parser.add_argument("--reference-share", type=float, default=0.18,
                         help="dit: share of steps on reference-to-video clips (default 0.18; "
                              "images and clips share the rest 45 : 37)")
@@ -307,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--decoder-dir must be a plain folder name, got {args.decoder_dir!r}")
     if args.motion_weight < 0:
         parser.error(f"--motion-weight must be at least 0, got {args.motion_weight}")
+    if not 0 <= args.clip_share <= 1:
+        parser.error(f"--clip-share must be in [0, 1], got {args.clip_share}")
+    if args.edge_weight < 0:
+        parser.error(f"--edge-weight must be at least 0, got {args.edge_weight}")
     if not 0 <= args.reference_share < 1:
         parser.error(f"--reference-share must be in [0, 1), got {args.reference_share}")
     if not 0 <= args.reference_alignment <= 10:
@@ -347,7 +364,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("asked", True))
     device = device_default()
     if args.stage == "vae":
-        task = VaeTask(device)
+        kept = vae_architecture(out)["temporal_compression"]
+        if args.temporal_compression not in (None, kept) and \
+                (out / "vae" / ARCHITECTURE_FILE).exists():
+            parser.error(f"--temporal-compression {args.temporal_compression}: the run in "
+                         f"{out / 'vae'} was started with {kept}; use another --out")
+        task = VaeTask(device, clip_share=args.clip_share, edge_weight=args.edge_weight,
+                       temporal_compression=args.temporal_compression or kept,
+                       reconstruction_metrics=args.reconstruction_metrics)
+        task.write_architecture(out / "vae")
         config = TrainConfig(lr=args.lr or 1e-3, warmup_steps=100, total_steps=args.total_steps or 8000,
                              seed=args.seed, checkpoint_every_s=args.checkpoint_every,
                              log_every=10)

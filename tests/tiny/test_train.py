@@ -275,6 +275,9 @@ def test_wider_decoder_trains_on_the_frozen_encoder_and_is_loaded_after(tmp_path
     (["decoder", "--init-decoder"], "--init-decoder needs --decoder-dir other than"),
     (["dit", "--reference-share", "1"], "--reference-share must be in [0, 1)"),
     (["dit", "--gradient-tilt", "1.5"], "--gradient-tilt must be in [0, 1]"),
+    (["vae", "--clip-share", "1.5"], "--clip-share must be in [0, 1]"),
+    (["vae", "--edge-weight", "-1"], "--edge-weight must be at least 0"),
+    (["vae", "--temporal-compression", "3"], "invalid choice"),
 ])
 def test_trainer_refuses_bad_arguments_before_loading_anything(tmp_path, capsys, argv, message):
     from studio.tiny.train import main
@@ -443,3 +446,55 @@ def test_adversarial_decoder_run_trains_both_sides_and_resumes_from_a_plain_deco
     assert frozen and all(torch.equal(after[k], before[k]) for k in frozen)
     with pytest.raises(ValueError, match="adversarial_weight=-1"):
         VaeDecoderTask(torch.device("cpu"), source, adversarial_weight=-1)
+
+
+def test_vae_with_2x_temporal_compression_keeps_its_architecture_through_a_run(tmp_path):
+    """A second VAE (issue 3): 9 frames -> 5 latent frames, clips on the share of steps asked
+    for, the architecture written beside the checkpoint and used to load it back (the
+    shipped run layout, without the file, still loads as 4x), and a decoder trained on its
+    frozen encoder keeps the same temporal layout."""
+    from studio.tiny.train import VaeDecoderTask, load_trained_vae, vae_architecture
+
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match="clip_share"):
+        VaeTask(torch.device("cpu"), clip_share=1.5)
+    with pytest.raises(ValueError, match="temporal_compression"):
+        build_vae(temporal_compression=3)
+    task = VaeTask(torch.device("cpu"), image_batch=2, clip_batch=1, clip_share=1.0,
+                   temporal_compression=2, edge_weight=4.0)
+    frames = [task.batch(np.random.default_rng(i)).shape[2] for i in range(4)]
+    assert frames == [9, 9, 9, 9]  # every step a clip
+    images = VaeTask(torch.device("cpu"), image_batch=2, clip_batch=1, clip_share=0.0)
+    assert [images.batch(np.random.default_rng(i)).shape[2] for i in range(4)] == [1] * 4
+    clip = task.batch(np.random.default_rng(0))
+    with torch.no_grad():
+        assert task.vae.encode(clip).latent_dist.mode().shape[2] == 5
+        assert images.vae.encode(clip).latent_dist.mode().shape[2] == 3
+    w = task.pixel_weights(clip)  # edges weigh 1 + 4, flat background 1
+    assert set(torch.unique(w).tolist()) == {1.0, 5.0}
+
+    config = TrainConfig(lr=1e-3, warmup_steps=1, total_steps=2, seed=0, log_every=1,
+                         checkpoint_every_s=1e9)
+    train(task, tmp_path / "vae", config)
+    assert vae_architecture(tmp_path) == {"temporal_compression": 2}
+    loaded = load_trained_vae(tmp_path, torch.device("cpu"))
+    assert list(loaded.config.temperal_downsample) == [False, True]
+    assert all(torch.equal(v, task.vae.state_dict()[k]) for k, v in loaded.state_dict().items())
+    assert vae_architecture(tmp_path / "elsewhere") == {"temporal_compression": 4}
+
+    decoder = VaeDecoderTask(torch.device("cpu"), loaded, image_batch=1, clip_batch=1)
+    assert list(decoder.vae.config.temperal_downsample) == [False, True]
+    with torch.no_grad():
+        assert torch.equal(decoder.vae.encode(clip).latent_dist.mode(),
+                           loaded.encode(clip).latent_dist.mode())
+
+
+def test_vae_stage_refuses_to_resume_with_another_temporal_compression(tmp_path, capsys):
+    from studio.tiny.train import main
+
+    (tmp_path / "vae").mkdir()
+    (tmp_path / "vae" / "architecture.json").write_text('{"temporal_compression": 2}')
+    with pytest.raises(SystemExit) as exit_info:
+        main(["vae", "--out", str(tmp_path), "--temporal-compression", "4", "--steps", "0"])
+    assert exit_info.value.code == 2
+    assert "was started with 2" in capsys.readouterr().err
