@@ -6,7 +6,8 @@ import sys
 BENCHMARKS = {"cpu": "bench.cpu", "calibrate": "bench.calibrate", "precision": "bench.precision",
               "preview": "bench.preview", "gpu-kernels": "bench.gpu.kernels",
               "ui-stalls": "bench.ui_stalls", "scaling": "bench.scaling",
-              "model": "bench.model", "kernel-quality": "bench.kernel_quality"}
+              "model": "bench.model", "kernel-quality": "bench.kernel_quality",
+              "adherence": "bench.adherence"}
 
 
 def main() -> int:
