@@ -255,7 +255,7 @@ class VaeDecoderTask(VaeTask):
                  adversarial_weight: float = 0.0, adversarial_warmup: int = 200):
         compression = temporal_compression_of(encoder_vae)
         super().__init__(device, image_batch=image_batch, clip_batch=clip_batch,
-                         temporal_compression=compression)
+                         temporal_compression=compression, reconstruction_metrics=True)
         if motion_weight < 0 or edge_weight < 0 or adversarial_weight < 0 or \
                 adversarial_warmup < 0:
             raise ValueError(f"edge_weight={edge_weight}, motion_weight={motion_weight}, "
@@ -312,15 +312,6 @@ class VaeDecoderTask(VaeTask):
             l1 + l2, g_adv, self.vae.decoder.conv_out.weight)
         metrics.update(g_adv=float(g_adv.detach()), adv_lambda=float(lam))
         return l1 + l2 + lam * g_adv, metrics
-
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """PSNR on the fixed images and clips, and :func:`reconstruction_accuracy` (the
-        decoder's ceiling for the denoiser)."""
-        out = super().evaluate()
-        if not self.reconstruction_metrics:
-            out.update(reconstruction_accuracy(self.vae, self.device))
-        return out
 
 
 def export_vae(vae, mean: torch.Tensor, std: torch.Tensor):
