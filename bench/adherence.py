@@ -99,7 +99,6 @@ def main(argv: list[str]) -> int:
         torch.set_num_threads(args.threads)
 
     from bench import cpu
-    from studio.tiny import evaluate
 
     started = time.time()
     case_name = "embedded-t2i" if args.mode == "t2i" else "embedded-t2v"
@@ -124,18 +123,10 @@ def main(argv: list[str]) -> int:
                 method = cpu.ours(profiles[0], config=cfg)
                 method.name = f"variant-{k + 1}"
                 methods.append(method)
+        runner = cpu.Runner(case, runs=0, adherence_n=args.prompts)
         reports = {}
         for m in methods:
-            if m.setup:
-                m.setup(case.pipe.transformer)
-            try:
-                reports[m.name] = evaluate.score_mode(
-                    lambda caps: cpu._squeeze(case.call(case.pipe, caps, 0, args.steps),
-                                              args.mode),
-                    args.mode, n=args.prompts, seed=0, batch_size=8)
-            finally:
-                if m.teardown:
-                    m.teardown(case.pipe.transformer)
+            reports[m.name] = runner.adherence_report(m)
             acc = {k: round(v * 100, 2) for k, v in reports[m.name].accuracy.items()}
             rows[m.name] = {"setting": m.setting, "accuracy": acc}
             print(f"{m.name:<16} {acc}", flush=True)

@@ -568,22 +568,28 @@ class Runner:
               f"{row['ssim_worst']:.4f}) PSNR {row['psnr_db']:.1f}", flush=True)
         return row
 
-    def adherence(self, method: Method, seed: int = 0) -> dict[str, float]:
-        """Per attribute, the % of ``adherence_n`` held-out prompts
-        (``world.eval_prompts(seed=seed)``, batches of 8) the evaluator scores correct."""
+    def adherence_report(self, method: Method, seed: int = 0):
+        """The evaluator's report (``studio.tiny.evaluate.EvalReport``, per-sample details
+        included) on ``adherence_n`` held-out prompts (``world.eval_prompts(seed=seed)``,
+        batches of 8, seed 0 for every batch) generated under ``method``."""
         from studio.tiny import evaluate
 
         case, t = self.case, self.case.pipe.transformer
         if method.setup:
             method.setup(t)
         try:
-            report = evaluate.score_mode(
+            return evaluate.score_mode(
                 lambda caps: _squeeze(case.call(case.pipe, caps, 0, method.steps or case.steps),
                                       case.eval_mode),
                 case.eval_mode, n=self.adherence_n, seed=seed, batch_size=8)
         finally:
             if method.teardown:
                 method.teardown(t)
+
+    def adherence(self, method: Method, seed: int = 0) -> dict[str, float]:
+        """Per attribute, the % of ``adherence_n`` held-out prompts
+        (``world.eval_prompts(seed=seed)``, batches of 8) the evaluator scores correct."""
+        report = self.adherence_report(method, seed)
         return {k: round(v * 100, 1) for k, v in report.accuracy.items()}
 
 
