@@ -50,6 +50,18 @@ def paired_flips(base: list[dict], other: list[dict]) -> dict[str, dict[str, int
     return out
 
 
+def paired_report(base: list[dict], other: list[dict]) -> dict[str, dict]:
+    """:func:`paired_flips` of two evaluator reports' ``details``, each attribute's entry also
+    carrying ``points`` (the accuracy change in percentage points, ``other`` minus ``base``)
+    and ``p_value`` (:func:`mcnemar_exact` of its lost/gained split). Raises ValueError as
+    :func:`paired_flips` does."""
+    flips = paired_flips(base, other)
+    for f in flips.values():
+        f["points"] = round(100 * (f["gained"] - f["lost"]) / max(f["items"], 1), 2)
+        f["p_value"] = round(mcnemar_exact(f["lost"], f["gained"]), 4)
+    return flips
+
+
 def mcnemar_exact(lost: int, gained: int) -> float:
     """Exact two-sided McNemar p-value: the probability, were a flip equally likely either
     way, of a split of the ``lost + gained`` discordant pairs at least this uneven (1.0 when
@@ -134,10 +146,7 @@ def main(argv: list[str]) -> int:
     for name, rep in reports.items():
         if name == "baseline":
             continue
-        flips = paired_flips(base.details, rep.details)
-        for f in flips.values():
-            f["points"] = round(100 * (f["gained"] - f["lost"]) / max(f["items"], 1), 2)
-            f["p_value"] = round(mcnemar_exact(f["lost"], f["gained"]), 4)
+        flips = paired_report(base.details, rep.details)
         rows[name]["paired"] = flips
         worst = min(flips.items(), key=lambda kv: kv[1]["points"])
         print(f"{name:<16} largest drop: {worst[0]} {worst[1]}", flush=True)

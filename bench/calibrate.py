@@ -28,16 +28,19 @@ cpu`` then times the chosen profiles end to end, with the peers and adherence. W
 calibrated again. Writes ``bench/results/<date>-calibrate.json``.
 
     python -m bench calibrate [--write] [--prompts 6] [--guidance-reuse] [--resume]
-                              [--steps 20] [--schedules] [--adherence 64] [--per-mode]
+                              [--steps 20] [--schedules] [--adherence 64[,200]] [--per-mode]
                               [--validate 48]
 
 ``--schedules`` adds schedules of full calls (:func:`schedule_family`, the step cache's
-``schedule`` and ``linear_below``), static or with the error budget on top. ``--adherence N``
-also holds each profile's adherence bar (``ADHERENCE_BARS``: every attribute of the embedded
+``schedule`` and ``linear_below``), static or with the error budget on top. ``--adherence
+N[,M]`` also holds each profile's adherence bar (``ADHERENCE_BARS``: every attribute of the embedded
 model's evaluator, images and clips, within 2 points of stock, 5 for fast) on N batched
-held-out prompts per mode (``ADHERENCE_SEED``: not the ones ``bench cpu`` scores): SSIM
-floors alone let through settings that keep the picture on most prompts but flip the count
-or shape of some (2026-12-03).
+held-out images and M clips (``ADHERENCE_SEED``: not the ones ``bench cpu`` scores), paired
+against stock on the same prompts and seeds; a loss that is significant (McNemar,
+``SIGNIFICANT_LOSS``) fails at any size. SSIM floors alone let through settings that keep
+the picture on most prompts but flip the count or shape of some, and 64 clips cannot tell a
+2-point motion drop from the draw (one clip object is about 1.1 points): use 200 for clips
+(2026-12-03).
 
 Every setting must also beat the plainest way to less work: running fewer steps. A setting
 is chosen only when its mean SSIM in each mode, on the calibration prompts, is at least that
@@ -452,23 +455,43 @@ def row_config(row: dict):
     return config, reuse
 
 
-def _adherence_drop(cases: list[Case], steps: int, prompts: int,
+#: a candidate whose paired adherence loss against stock is this unlikely under chance (exact
+#: McNemar p-value, :func:`bench.adherence.mcnemar_exact`) fails whatever its size: on 200
+#: 50-step clips the setting calibrated on 64 prompts lost 8 moving objects and gained 1
+#: (p = 0.04, 3.5 points; 2026-12-03), a drop 64 prompts read as within the bar
+SIGNIFICANT_LOSS = 0.05
+
+
+def _adherence_drop(cases: list[Case], steps: int, prompts: int | dict[str, int],
                     on_score: Callable[[], None] | None = None,
                     ) -> Callable[[dict, float], float]:
     """For ``choose``: (a row, a bar[, modes]) -> the largest drop in points of any adherence
     attribute against stock, over the modes of ``cases`` (text-to-image, then text-to-video;
-    only ``modes`` when given;
-    ``prompts`` held-out captions each, batches of 8, ``ADHERENCE_SEED``: not the prompts
-    ``bench cpu`` scores). A mode past the bar ends the scoring (the row fails whatever the
-    next one says). Each row keeps its scores (``adherence_t2i``, ``adherence_t2v``), so a
+    only ``modes`` when given). ``prompts`` held-out captions per mode (an int, or mode ->
+    count), batches of 8, ``ADHERENCE_SEED``: not the prompts ``bench cpu`` scores.
+
+    Paired: stock and the row generate the same prompts from the same seeds, and each
+    attribute's items lost and gained against stock are counted
+    (:func:`bench.adherence.paired_report`). An attribute whose loss is significant (more
+    lost than gained, exact McNemar p < ``SIGNIFICANT_LOSS``) makes the drop ``inf``: the
+    cache causes it, and held-out prompts would show it again, however few points it reads
+    here. A mode past the bar ends the scoring (the row fails whatever the next one says).
+    Each row keeps its scores and paired splits (``adherence_t2i``, ``adherence_t2v``), so a
     resumed run scores them again only for another number of prompts or seed."""
-    runners, stock = [], {}
+    from bench.adherence import paired_report
+
+    runners, stock, stock_details = [], {}, {}
     for case in cases:
         mode = case.eval_mode
+        n = prompts.get(mode, 0) if isinstance(prompts, dict) else prompts
+        if n <= 0:
+            continue
         runner = Runner(Case(case.name, case.pipe, case.call, case.prompts, steps, mode),
-                        runs=0, adherence_n=prompts)
-        stock[mode] = runner.adherence(BASELINE, seed=ADHERENCE_SEED)
-        print(f"{mode} adherence of stock over {prompts} prompts: {stock[mode]}", flush=True)
+                        runs=0, adherence_n=n)
+        report = runner.adherence_report(BASELINE, seed=ADHERENCE_SEED)
+        stock[mode] = {k: round(v * 100, 1) for k, v in report.accuracy.items()}
+        stock_details[mode] = report.details
+        print(f"{mode} adherence of stock over {n} prompts: {stock[mode]}", flush=True)
         runners.append(runner)
 
     def drop(row: dict, bar: float, modes: set[str] | None = None) -> float:
@@ -477,18 +500,26 @@ def _adherence_drop(cases: list[Case], steps: int, prompts: int,
             mode = runner.case.eval_mode
             if modes is not None and mode not in modes:
                 continue
-            base, key = stock[mode], f"adherence_{mode}"
+            base, key, n = stock[mode], f"adherence_{mode}", runner.adherence_n
             kept = row.get(key) or {}
-            if kept.get("prompts") != prompts or kept.get("seed") != ADHERENCE_SEED:
-                scores = runner.adherence(with_reuse(*row_config(row)), seed=ADHERENCE_SEED)
-                row[key] = kept = {"prompts": prompts, "seed": ADHERENCE_SEED,
-                                   "scores": scores, "stock": base}
+            if (kept.get("prompts") != n or kept.get("seed") != ADHERENCE_SEED
+                    or "paired" not in kept):
+                report = runner.adherence_report(with_reuse(*row_config(row)),
+                                                 seed=ADHERENCE_SEED)
+                scores = {k: round(v * 100, 1) for k, v in report.accuracy.items()}
+                row[key] = kept = {"prompts": n, "seed": ADHERENCE_SEED, "scores": scores,
+                                   "stock": base,
+                                   "paired": paired_report(stock_details[mode],
+                                                           report.details)}
                 print(f"  {mode} adherence {row_config(row)[0].describe()}: {scores}",
                       flush=True)
                 if on_score is not None:  # saved as it is made: a cut-off run resumes
                     on_score()
             worst = max(worst, *(base[k] - v for k, v in kept["scores"].items()
                                  if k in base and not (np.isnan(v) or np.isnan(base[k]))))
+            if any(f["lost"] > f["gained"] and f["p_value"] < SIGNIFICANT_LOSS
+                   for f in kept["paired"].values()):
+                worst = np.inf
             if worst > bar:
                 break
         return worst
@@ -639,9 +670,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--guidance-reuse", action="store_true",
                     help="also sweep guidance reuse (no profile took it on the 2026-11-30 "
                          "weights: worst SSIM 0.69-0.88)")
-    ap.add_argument("--adherence", type=int, default=0, metavar="N",
-                    help="also hold each profile's adherence bar (ADHERENCE_BARS) on N "
-                         "text-to-image prompts (0: SSIM floors only)")
+    ap.add_argument("--adherence", default="0", metavar="N[,M]",
+                    help="also hold each profile's adherence bar (ADHERENCE_BARS), paired "
+                         "against stock, on N text-to-image prompts and M clips (M = N when "
+                         "not given; 0: SSIM floors only)")
     ap.add_argument("--schedules", action="store_true",
                     help="also sweep static schedules of full steps (schedule_family)")
     ap.add_argument("--validate", type=int, default=0, metavar="N",
@@ -658,8 +690,13 @@ def main(argv: list[str]) -> int:
         ap.error("--prompts: must be at least 1")
     if not 0 <= args.validate <= 512:
         ap.error(f"--validate: {args.validate} must be in 0..512")
-    if not 0 <= args.adherence <= 512:
-        ap.error(f"--adherence: {args.adherence} must be in 0..512")
+    try:
+        counts = [int(x) for x in str(args.adherence).split(",")]
+    except ValueError:
+        ap.error(f"--adherence: {args.adherence!r} must be N or N,M (prompts per mode)")
+    if len(counts) not in (1, 2) or not all(0 <= c <= 512 for c in counts):
+        ap.error(f"--adherence: {args.adherence} must be N or N,M with each in 0..512")
+    args.adherence = {"t2i": counts[0], "t2v": counts[-1]} if any(counts) else None
     if not 4 <= args.steps <= 200:
         ap.error(f"--steps: {args.steps} must be in 4..200")
     long_schedule = args.steps >= LONG_SCHEDULE

@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from bench.adherence import paired_report
 from bench.doc import DOC, write_block
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -464,6 +465,7 @@ class Runner:
         self.baseline_out: np.ndarray | None = None
         self.baseline_outs: list[np.ndarray] | None = None  # per quality prompt
         self.flops_per_call: float = 1.0
+        self.baseline_details: list[dict] | None = None  # the baseline's evaluator details
 
     def once(self, method: Method, count: bool = True, prompts: list[str] | None = None,
              seed: int = 0) -> tuple[np.ndarray, float, float, int]:
@@ -562,7 +564,12 @@ class Runner:
         else:
             row["speedup"] = row["work_ratio"] = 1.0
         if self.case.eval_mode and self.adherence_n and adherence:
-            row["adherence"] = self.adherence(method)
+            report = self.adherence_report(method)
+            row["adherence"] = {k: round(v * 100, 1) for k, v in report.accuracy.items()}
+            if method is BASELINE:
+                self.baseline_details = report.details
+            elif self.baseline_details is not None:  # the same prompts, seeds and batches
+                row["adherence_paired"] = paired_report(self.baseline_details, report.details)
         print(f"  {row['method']:<36} {row['latency_s']:.3f}s ×{row['speedup']:.2f} "
               f"calls {row['full_denoiser_calls']:.1f} SSIM {row['ssim']:.4f} (worst "
               f"{row['ssim_worst']:.4f}) PSNR {row['psnr_db']:.1f}", flush=True)
@@ -716,6 +723,17 @@ def _spread(row: dict) -> str:
     return f" ({q[0]:.2f}–{q[1]:.2f})" if q else ""
 
 
+def _adherence_cell(row: dict, attr: str) -> str:
+    """``48.4 (−3.2; 8:1*)``: a row's accuracy on ``attr``, with its paired change against
+    stock when it has one."""
+    text = f"{row['adherence'].get(attr, float('nan')):.1f}"
+    flip = row.get("adherence_paired", {}).get(attr)
+    if flip:
+        star = "*" if flip["p_value"] < 0.05 else ""
+        text += f" ({flip['points']:+.1f}; {flip['lost']}:{flip['gained']}{star})"
+    return text
+
+
 def markdown(rows: list[dict], command: str) -> str:
     lines = [f"Command: `{command}`", "",
              "| case | profile | method | setting | full calls | speed-up (quartiles) | "
@@ -734,13 +752,15 @@ def markdown(rows: list[dict], command: str) -> str:
     adh = [r for r in rows if "adherence" in r]
     if adh:
         attrs = sorted({k for r in adh for k in r["adherence"]})
-        lines += ["", "Adherence (% correct per attribute, embedded model's evaluator):", "",
+        lines += ["", "Adherence (% correct per attribute, embedded model's evaluator; beside "
+                      "each row's figure, paired with stock's on the same prompts and seeds: "
+                      "the change in points and the items lost:gained, * when the exact "
+                      "McNemar p < 0.05):", "",
                   "| case | method | " + " | ".join(attrs) + " |",
                   "|---|---|" + "---|" * len(attrs)]
         for r in adh:
             lines.append(f"| {r['case']} | {r['method']} | " +
-                         " | ".join(f"{r['adherence'].get(a, float('nan')):.1f}"
-                                    for a in attrs) + " |")
+                         " | ".join(_adherence_cell(r, a) for a in attrs) + " |")
     return "\n".join(lines)
 
 

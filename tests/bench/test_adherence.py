@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from bench.adherence import main, mcnemar_exact, paired_flips
+from bench.adherence import main, mcnemar_exact, paired_flips, paired_report
+from bench.cpu import markdown
 
 
 def test_paired_flips_count_each_object_both_ways():
@@ -31,6 +32,23 @@ def test_mcnemar_exact_against_the_binomial():
     assert mcnemar_exact(5, 4) > 0.5 and math.isfinite(mcnemar_exact(100, 90))
     with pytest.raises(ValueError, match="lost"):
         mcnemar_exact(-1, 2)
+
+
+def test_paired_report_and_the_benchmark_table_show_the_change_and_the_split():
+    base = [{"correct": {"motion": [True]}} for _ in range(9)] + [
+        {"correct": {"motion": [False]}}]
+    other = [{"correct": {"motion": [False]}} for _ in range(8)] + [
+        {"correct": {"motion": [True]}}, {"correct": {"motion": [True]}}]
+    flips = paired_report(base, other)["motion"]
+    assert (flips["lost"], flips["gained"], flips["items"]) == (8, 1, 10)
+    assert flips["points"] == -70.0
+    assert flips["p_value"] == pytest.approx(mcnemar_exact(8, 1), abs=1e-4)
+    stock = {"case": "embedded-t2v", "method": "baseline", "adherence": {"motion": 90.0}}
+    mine = {"case": "embedded-t2v", "method": "ours", "adherence": {"motion": 20.0},
+            "adherence_paired": {"motion": flips}}
+    table = markdown([stock, mine], "cmd")
+    assert "| embedded-t2v | baseline | 90.0 |" in table
+    assert "| embedded-t2v | ours | 20.0 (-70.0; 8:1*) |" in table
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -196,37 +196,78 @@ def test_a_setting_must_beat_fewer_steps_at_matched_work():
     assert choose([fragile, steady])["fast"] is fragile  # without references
 
 
+def _report(accuracy: dict[str, float], flags: dict[str, list[bool]]):
+    """An evaluator report with these accuracies (in points) and per-sample correctness."""
+    from studio.tiny.evaluate import EvalReport
+
+    n = len(next(iter(flags.values())))
+    details = [{"correct": {a: [f[i]] for a, f in flags.items()}} for i in range(n)]
+    return EvalReport({k: v / 100 for k, v in accuracy.items()}, {}, {}, details)
+
+
 def test_adherence_drop_scores_clips_on_prompts_the_benchmark_does_not(monkeypatch):
     """``_adherence_drop`` scores images then clips on ADHERENCE_SEED's prompts (not seed 0,
-    which ``bench cpu`` reports), keeps both in the row, and stops at the first mode past
-    the bar."""
+    which ``bench cpu`` reports), each mode on its own number of prompts, keeps both in the
+    row with the paired split, and stops at the first mode past the bar."""
     import bench.calibrate as calibrate
     from bench.cpu import Case
 
     assert calibrate.ADHERENCE_SEED != 0
     calls = []
-    stock = {"colour": 80.0, "shape": 50.0}
+    same = [True] * 10
 
-    def fake_adherence(self, method, seed=0):
-        calls.append((self.case.eval_mode, method.kind, seed))
+    def fake_report(self, method, seed=0):
+        calls.append((self.case.eval_mode, method.kind, seed, self.adherence_n))
         if method.kind == "baseline":
-            return dict(stock)
-        return {"colour": 77.0, "shape": 50.0} if self.case.eval_mode == "t2i" else {
-            "colour": 80.0, "shape": 44.0}
+            return _report({"colour": 80.0, "shape": 50.0}, {"colour": same, "shape": same})
+        if self.case.eval_mode == "t2i":
+            return _report({"colour": 77.0, "shape": 50.0}, {"colour": same, "shape": same})
+        return _report({"colour": 80.0, "shape": 44.0}, {"colour": same, "shape": same})
 
-    monkeypatch.setattr(calibrate.Runner, "adherence", fake_adherence)
+    monkeypatch.setattr(calibrate.Runner, "adherence_report", fake_report)
     cases = [Case("embedded-t2i", None, None, ["a"], 50, "t2i"),
              Case("embedded-t2v", None, None, ["a"], 50, "t2v")]
-    drop = calibrate._adherence_drop(cases, 50, 64)
+    drop = calibrate._adherence_drop(cases, 50, {"t2i": 64, "t2v": 200})
     row = {"signal": "output", "threshold": 0.004, "order": 1, "warmup_steps": 3,
            "max_consecutive_skips": 8, "guidance_reuse": None}
     assert drop(row, 2.0) == pytest.approx(3.0)  # images lose 3 points: clips not scored
     assert "adherence_t2v" not in row
     assert drop(row, 5.0) == pytest.approx(6.0)  # clips lose 6 points of shape
     assert row["adherence_t2v"]["seed"] == calibrate.ADHERENCE_SEED
-    assert {seed for _, _, seed in calls} == {calibrate.ADHERENCE_SEED}
+    assert row["adherence_t2v"]["prompts"] == 200
+    assert row["adherence_t2v"]["paired"]["shape"]["lost"] == 0
+    assert {seed for *_, seed, _ in calls} == {calibrate.ADHERENCE_SEED}
+    assert {(mode, n) for mode, _, _, n in calls} == {("t2i", 64), ("t2v", 200)}
     n = len(calls)
     assert drop(row, 5.0) == pytest.approx(6.0) and len(calls) == n  # kept in the row
+
+
+def test_a_significant_paired_loss_fails_however_few_points_it_reads(monkeypatch):
+    """9 of 200 moving objects lost and 1 gained is 4 points in accuracy here but would be
+    read as 1 point against another stock draw: the paired test fails it at any bar."""
+    import bench.calibrate as calibrate
+    from bench.cpu import Case
+
+    stock_flags = [True] * 100 + [False] * 100
+    mine_flags = [False] * 9 + [True] * 91 + [True] + [False] * 99
+
+    def fake_report(self, method, seed=0):
+        if method.kind == "baseline":
+            return _report({"motion": 50.0}, {"motion": stock_flags})
+        return _report({"motion": 46.0}, {"motion": mine_flags})
+
+    monkeypatch.setattr(calibrate.Runner, "adherence_report", fake_report)
+    drop = calibrate._adherence_drop([Case("embedded-t2v", None, None, ["a"], 50, "t2v")],
+                                     50, 200)
+    row = {"signal": "output", "threshold": 0.001, "order": 1, "warmup_steps": 5,
+           "max_consecutive_skips": 8, "guidance_reuse": None}
+    assert drop(row, 5.0) == float("inf")
+    paired = row["adherence_t2v"]["paired"]["motion"]
+    assert (paired["lost"], paired["gained"]) == (9, 1) and paired["p_value"] < 0.05
+    # the same accuracies from an even split (5 lost, 1 gained: p = 0.22) pass at 5 points
+    mine_flags[:] = [False] * 5 + [True] * 95 + [True] + [False] * 99
+    row.pop("adherence_t2v")
+    assert drop(row, 5.0) == pytest.approx(4.0)
 
 
 def test_fewer_steps_runs_are_made_only_for_the_candidates_checked(monkeypatch):
