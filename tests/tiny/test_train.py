@@ -489,6 +489,34 @@ def test_vae_with_2x_temporal_compression_keeps_its_architecture_through_a_run(t
                            loaded.encode(clip).latent_dist.mode())
 
 
+def test_edge_weighted_vae_loss_keeps_plain_l1_scale():
+    """The edge weights move the loss's emphasis, not its size: a reconstruction off by 0.1
+    everywhere costs the same with edge weight 4 as with none (unnormalised it cost about
+    three times as much, and the gradient clip cut the step to match)."""
+    from types import SimpleNamespace
+
+    class OffByATenth(torch.nn.Module):  # a VAE whose round trip adds 0.1 to every pixel
+        def encode(self, x):
+            mean = x.clone()
+            return SimpleNamespace(latent_dist=SimpleNamespace(
+                mean=mean, std=torch.zeros_like(mean), kl=lambda: torch.zeros(len(x))))
+
+        def decode(self, z):
+            return SimpleNamespace(sample=z + 0.1)
+
+    rng = np.random.default_rng(0)
+    plain = VaeTask(torch.device("cpu"), image_batch=2, clip_batch=1)
+    edged = VaeTask(torch.device("cpu"), image_batch=2, clip_batch=1, edge_weight=4.0)
+    plain.vae = edged.vae = OffByATenth()
+    x = edged.batch(rng)
+    assert edged.pixel_weights(x).mean() > 1.2  # the batch has edges to weigh
+    gen = torch.Generator().manual_seed(0)
+    loss_plain, _ = plain.loss(x, gen)
+    loss_edged, _ = edged.loss(x, gen)
+    assert loss_plain.item() == pytest.approx(0.1 + 0.01, rel=1e-4)
+    assert loss_edged.item() == pytest.approx(loss_plain.item(), rel=1e-4)
+
+
 def test_vae_stage_refuses_to_resume_with_another_temporal_compression(tmp_path, capsys):
     from studio.tiny.train import main
 
