@@ -12,6 +12,11 @@ McNemar p-value of that split (the binomial sign test on the discordant pairs): 
 p well under 0.05 is the cache's doing, not the prompt draw's. ``bench cpu``'s 64 prompts
 cannot tell a 2-point drop (one object is about 1.1 points of motion) from noise; this can.
 
+``--quality-prompts N`` also measures each method's work (full denoiser calls, stock = 100
+at 50 steps with CFG) and SSIM against stock on ``bench cpu``'s first N quality prompts of
+the mode, as that benchmark does: a candidate setting is then judged on both bars before the
+long benchmark runs.
+
 Writes ``bench/results/<date>-adherence-<mode>-<steps>steps.json``.
 """
 
@@ -24,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,6 +93,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--variant", action="append", default=[], metavar="JSON",
                     help="also score the first profile's step cache with these fields "
                          "replaced, e.g. '{\"max_consecutive_skips\": 2}' (repeatable)")
+    ap.add_argument("--quality-prompts", type=int, default=0, metavar="N",
+                    help="also each method's full denoiser calls and SSIM against stock on "
+                         "bench cpu's first N quality prompts of the mode (prompt k, seed k, "
+                         "each run alone; 0-64, 0: off)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
@@ -98,6 +108,8 @@ def main(argv: list[str]) -> int:
         ap.error(f"--steps must be in [1, 200], got {args.steps}")
     if not 8 <= args.prompts <= 2000:
         ap.error(f"--prompts must be in [8, 2000], got {args.prompts}")
+    if not 0 <= args.quality_prompts <= 64:
+        ap.error(f"--quality-prompts must be in [0, 64], got {args.quality_prompts}")
     variants = []
     for text in args.variant:
         try:
@@ -116,7 +128,8 @@ def main(argv: list[str]) -> int:
     case_name = "embedded-t2i" if args.mode == "t2i" else "embedded-t2v"
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
-        case = cpu.build_cases(Path(tmp), {case_name})[0]
+        quality = {args.mode: args.quality_prompts} if args.quality_prompts else None
+        case = cpu.build_cases(Path(tmp), {case_name}, quality)[0]
         case.steps = args.steps
         methods = [cpu.BASELINE] + [cpu.ours(p, tuning=case.tuning, steps=args.steps,
                                              video=case.video) for p in profiles]
@@ -136,12 +149,25 @@ def main(argv: list[str]) -> int:
                 method.name = f"variant-{k + 1}"
                 methods.append(method)
         runner = cpu.Runner(case, runs=0, adherence_n=args.prompts)
-        reports = {}
+        reports, stock_outs = {}, None
         for m in methods:
             reports[m.name] = runner.adherence_report(m)
             acc = {k: round(v * 100, 2) for k, v in reports[m.name].accuracy.items()}
             rows[m.name] = {"setting": m.setting, "accuracy": acc}
             print(f"{m.name:<16} {acc}", flush=True)
+            if args.quality_prompts:  # work and SSIM as bench cpu measures them
+                flops, outs = runner.quality_runs(m)
+                if stock_outs is None:  # the baseline comes first
+                    stock_outs = outs
+                    runner.flops_per_call = float(np.mean(flops)) / (
+                        case.steps * case.denoiser_calls_per_step)
+                ssims = [cpu.psnr_ssim(o, b)[1] for o, b in zip(outs, stock_outs, strict=True)]
+                rows[m.name].update(
+                    full_denoiser_calls=round(float(np.mean(flops)) / runner.flops_per_call, 2),
+                    ssim=round(float(np.mean(ssims)), 4),
+                    ssim_per_prompt=[round(x, 4) for x in ssims])
+                print(f"{'':<16} {rows[m.name]['full_denoiser_calls']} calls, SSIM "
+                      f"{rows[m.name]['ssim']} (worst {min(ssims):.4f})", flush=True)
     base = reports["baseline"]
     for name, rep in reports.items():
         if name == "baseline":

@@ -726,7 +726,10 @@ def _spread(row: dict) -> str:
 def _adherence_cell(row: dict, attr: str) -> str:
     """``48.4 (−3.2; 8:1*)``: a row's accuracy on ``attr``, with its paired change against
     stock when it has one."""
-    text = f"{row['adherence'].get(attr, float('nan')):.1f}"
+    value = row["adherence"].get(attr, float("nan"))
+    if value != value:  # not scored in this mode (motion on images)
+        return "—"
+    text = f"{value:.1f}"
     flip = row.get("adherence_paired", {}).get(attr)
     if flip:
         star = "*" if flip["p_value"] < 0.05 else ""

@@ -55,6 +55,7 @@ def test_paired_report_and_the_benchmark_table_show_the_change_and_the_split():
     (["--profiles", "turbo"], "--profiles"),
     (["--steps", "0"], "--steps must be in [1, 200]"),
     (["--prompts", "3"], "--prompts must be in [8, 2000]"),
+    (["--quality-prompts", "65"], "--quality-prompts must be in [0, 64]"),
 ])
 def test_bad_arguments_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
