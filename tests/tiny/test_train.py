@@ -492,7 +492,7 @@ def test_vae_with_2x_temporal_compression_keeps_its_architecture_through_a_run(t
 def test_edge_weighted_vae_loss_keeps_plain_l1_scale():
     """The edge weights move the loss's emphasis, not its size: a reconstruction off by 0.1
     everywhere costs the same with edge weight 4 as with none (unnormalised it cost about
-    three times as much, and the gradient clip cut the step to match)."""
+    three times as much), so logged losses compare across edge weights."""
     from types import SimpleNamespace
 
     class OffByATenth(torch.nn.Module):  # a VAE whose round trip adds 0.1 to every pixel
