@@ -76,6 +76,24 @@ class WorkerConfig:
                            memory_budget_bytes=int(self.memory_budget_gb * 2**30))
 
 
+def cancel_flag(ctx, initial: int):
+    """A 64-bit integer in shared memory that a worker's child processes poll for cancels.
+
+    Lock-free on purpose (``RawValue``, an aligned int64 whose loads and stores are atomic on
+    x86-64 and arm64): a ``multiprocessing.Value``/``Event`` guards reads with a process-shared
+    lock, and a child killed while reading (SIGKILL, the OOM killer) would leave that lock
+    held forever, so the parent's next cancel or job start would block the event loop.
+
+    Args:
+        ctx: the multiprocessing context the children are spawned with.
+        initial: the starting value.
+
+    Returns:
+        a ``ctypes.c_int64`` in shared memory; read and write it through ``.value``.
+    """
+    return ctx.RawValue("q", initial)
+
+
 class Worker:
     """Interface of a worker. ``run`` and ``cancel`` never block."""
 
@@ -216,7 +234,7 @@ class ProcessWorker(Worker):
 
         self.config = config or WorkerConfig()
         self._ctx = mp.get_context("spawn")
-        self._cancel = self._ctx.Value("q", -1)
+        self._cancel = cancel_flag(self._ctx, -1)
         self._result_dir = tempfile.mkdtemp(prefix="studio-results-")
         self._proc = None
         self._jobs = None

@@ -12,8 +12,8 @@ message within the collective timeout, the group is torn down, and the next job 
 group.
 
 Cancelling keeps the group up: the ranks agree on the step to stop at (each step they
-all-reduce a cancel flag the worker sets in shared memory), so all leave the denoising loop
-together. Only a group that does not stop within the collective timeout is torn down.
+all-reduce a lock-free cancel flag the worker sets in shared memory), so all leave the
+denoising loop together. Only a group that does not stop within the collective timeout is torn down.
 
 Nothing changes in the parent's environment: the rendezvous variables are set in the ranks.
 """
@@ -33,7 +33,7 @@ from studio.engine.parallel.config import (
     describe_plan,
     visible_gpus,
 )
-from studio.engine.worker import EventFn, Worker, WorkerConfig
+from studio.engine.worker import EventFn, Worker, WorkerConfig, cancel_flag
 
 MAX_CPU_RANKS = 8  # gloo ranks on a machine without GPUs (the plans' tests use 2 and 4)
 
@@ -79,9 +79,9 @@ def _rank_main(rank, world, port, backend, timeout_s, config, parallel, jobs, ev
 
     def is_cancelled() -> bool:
         if world == 1:  # nobody to agree with: no collective, no host sync per step
-            return cancel.is_set()
+            return bool(cancel.value)
         # every rank asks at the same points (job start, each step): agree on the answer
-        flag.fill_(1 if cancel.is_set() else 0)
+        flag.fill_(1 if cancel.value else 0)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
@@ -142,7 +142,7 @@ class RankGroupWorker(Worker):
         self._running: str | None = None
         self._lock = threading.Lock()
         self._closing = False
-        self._cancel = self._ctx.Event()
+        self._cancel = cancel_flag(self._ctx, 0)  # 1: stop the running job (no lock: see there)
 
     @property
     def pids(self) -> list[int]:
@@ -249,7 +249,7 @@ class RankGroupWorker(Worker):
                 self._spawn()
             self._running = job.job_id
             jobs = self._jobs
-            self._cancel.clear()
+            self._cancel.value = 0
         for q in jobs:
             q.put(job)
 
@@ -262,7 +262,7 @@ class RankGroupWorker(Worker):
             procs = self._procs
         if not running or procs is None:
             return
-        self._cancel.set()
+        self._cancel.value = 1
 
         def stuck() -> None:
             with self._lock:
