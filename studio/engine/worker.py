@@ -94,6 +94,38 @@ def cancel_flag(ctx, initial: int):
     return ctx.RawValue("q", initial)
 
 
+def event_channel(ctx):
+    """A one-way pipe that carries a child's events to the parent: ``(reader, writer)``.
+
+    Preferred to a ``multiprocessing.Queue`` because the end of the writer is visible: the
+    parent closes its copy of ``writer`` once the child has started, so when the child exits
+    (or is killed, even halfway through writing a large event) :func:`receive` raises instead
+    of waiting forever for bytes that will never come, as ``Queue.get`` does.
+
+    Args:
+        ctx: the multiprocessing context the child is spawned with.
+
+    Returns:
+        ``(reader, writer)`` :class:`multiprocessing.connection.Connection` objects; give
+        ``writer`` to one child only (messages larger than the pipe buffer from two writers
+        would interleave) and close it in the parent after ``Process.start``.
+    """
+    return ctx.Pipe(duplex=False)
+
+
+def receive(reader, timeout_s: float) -> Any | None:
+    """The next message from an :func:`event_channel` reader, or None if none arrived within
+    ``timeout_s`` seconds.
+
+    Raises:
+        EOFError: the writer is closed (the child exited) and every message has been read.
+        OSError: the writer closed halfway through a message (the child was killed).
+    """
+    if not reader.poll(timeout_s):
+        return None
+    return reader.recv()
+
+
 class Worker:
     """Interface of a worker. ``run`` and ``cancel`` never block."""
 
@@ -197,9 +229,9 @@ def _child_main(config: WorkerConfig, jobs, events, cancel_serial, parent_pid: i
     try:
         executor = config.build_executor()
     except ValueError as exc:  # a setting this machine cannot honour (e.g. cuda, no GPU)
-        events.put(("ready", os.getpid()))
+        events.send(("ready", os.getpid()))
         while (item := jobs.get()) is not None:  # fail each job with the reason, stay up
-            events.put(("event", ev.Failed(item[1].job_id, ev.BAD_INPUT,
+            events.send(("event", ev.Failed(item[1].job_id, ev.BAD_INPUT,
                                            f"engine settings: {exc}")))
         return
     for model_id in config.preload:
@@ -207,7 +239,7 @@ def _child_main(config: WorkerConfig, jobs, events, cancel_serial, parent_pid: i
             executor.runner_for(executor.registry.resolve(model_id))
         except Exception:  # the first job that names it reports the problem
             pass
-    events.put(("ready", os.getpid()))
+    events.send(("ready", os.getpid()))
     while True:
         item = jobs.get()
         if item is None:
@@ -219,9 +251,9 @@ def _child_main(config: WorkerConfig, jobs, events, cancel_serial, parent_pid: i
                 path = os.path.join(result_dir, f"{event.job_id}.npy")
                 np.save(path, event.frames, allow_pickle=False)
                 event = dataclasses.replace(event, frames=np.zeros((0, 0, 0, 3), np.uint8))
-                events.put(("finished", path, event))
+                events.send(("finished", path, event))
             else:
-                events.put(("event", event))
+                events.send(("event", event))
 
         executor.execute(job, emit, lambda s=serial: cancel_serial.value == s)
 
@@ -260,30 +292,34 @@ class ProcessWorker(Worker):
 
     def _spawn(self) -> None:
         self._jobs = self._ctx.Queue()
-        self._events = self._ctx.Queue()
+        self._events, writer = event_channel(self._ctx)
         self._proc = self._ctx.Process(
             target=_child_main, name="studio-engine",
-            args=(self.config, self._jobs, self._events, self._cancel, os.getpid(),
+            args=(self.config, self._jobs, writer, self._cancel, os.getpid(),
                   self._result_dir), daemon=True)
         self._proc.start()
+        writer.close()  # the child holds the only writer: its exit ends the channel
         self._reader = threading.Thread(target=self._read, args=(self._proc, self._events),
                                         name="studio-engine-reader", daemon=True)
         self._reader.start()
 
     def _read(self, proc, events) -> None:
+        exited = False
         while True:
-            try:
-                item: Any = events.get(timeout=0.2)
-            except queue.Empty:
+            try:  # what the child sent before it died is read first, then EOFError
+                item: Any = receive(events, 0.2)
+            except (EOFError, OSError):  # exited, or killed halfway through a message
+                proc.join(timeout=2)  # reap it, for its exit code
+                self._child_died(proc)
+                events.close()
+                return
+            if item is None:
                 if proc.is_alive():
                     continue
-                try:  # drain what the child sent before it died
-                    item = events.get(timeout=0.5)
-                except queue.Empty:
-                    self._child_died(proc)
-                    return
-            except (EOFError, OSError):
-                self._child_died(proc)
+                if not exited:  # one more poll: what it wrote before exiting is there
+                    exited = True
+                    continue
+                self._child_died(proc)  # exited, yet a grandchild holds the writer open
                 return
             kind = item[0]
             if kind == "ready":

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import queue
 import threading
 from dataclasses import replace
 
@@ -33,7 +32,14 @@ from studio.engine.parallel.config import (
     describe_plan,
     visible_gpus,
 )
-from studio.engine.worker import EventFn, Worker, WorkerConfig, cancel_flag
+from studio.engine.worker import (
+    EventFn,
+    Worker,
+    WorkerConfig,
+    cancel_flag,
+    event_channel,
+    receive,
+)
 
 MAX_CPU_RANKS = 8  # gloo ranks on a machine without GPUs (the plans' tests use 2 and 4)
 
@@ -74,7 +80,8 @@ def _rank_main(rank, world, port, backend, timeout_s, config, parallel, jobs, ev
     executor = replace(config, device=device).build_executor()
     executor.parallel_plan = describe_plan(parallel)
     executor.on_runner_loaded = lambda runner: apply_parallel_plan(runner, parallel, mesh)
-    events.put(("ready", rank))
+    if events is not None:
+        events.send(("ready", rank))
     flag = torch.zeros(1, dtype=torch.int32, device=device)
 
     def is_cancelled() -> bool:
@@ -86,8 +93,8 @@ def _rank_main(rank, world, port, backend, timeout_s, config, parallel, jobs, ev
         return bool(flag.item())
 
     def emit(event):
-        if rank == 0:
-            events.put(("event", event))
+        if events is not None:  # rank 0 reports
+            events.send(("event", event))
 
     try:
         while True:
@@ -161,29 +168,33 @@ class RankGroupWorker(Worker):
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         port = free_port()
         self._jobs = [self._ctx.Queue() for _ in range(world)]
-        self._events = self._ctx.Queue()
+        self._events, writer = event_channel(self._ctx)
         self._procs = [self._ctx.Process(
             target=_rank_main, name=f"studio-rank-{r}", daemon=True,
             args=(r, world, port, backend, self.timeout_s, self.config, self.parallel,
-                  self._jobs[r], self._events, self._cancel)) for r in range(world)]
+                  self._jobs[r], writer if r == 0 else None, self._cancel))
+            for r in range(world)]
         for p in self._procs:
             p.start()
+        writer.close()  # rank 0 holds the only writer: its exit ends the channel
         threading.Thread(target=self._read, args=(self._procs, self._events),
                          name="studio-ranks-reader", daemon=True).start()
 
     def _read(self, procs, events) -> None:
         while True:
             try:
-                kind, payload = events.get(timeout=0.2)
-            except queue.Empty:
+                item = receive(events, 0.2)
+            except (EOFError, OSError):  # rank 0 exited, or was killed mid-message
+                self._group_died(procs, self._dead_ranks(procs, wait_s=2.0) or [0])
+                events.close()
+                return
+            if item is None:
                 dead = [i for i, p in enumerate(procs) if not p.is_alive()]
                 if dead:
                     self._group_died(procs, dead)
                     return
                 continue
-            except (EOFError, OSError):
-                self._group_died(procs, list(range(len(procs))))
-                return
+            kind, payload = item
             if kind != "event":
                 continue
             if payload.terminal:
