@@ -21,7 +21,10 @@ against the held-out prompts of ``studio.tiny.world.eval_prompts``:
 
 The VAE's ceiling: the same evaluator on the VAE's own round trip of the world's renders of
 the held-out prompts (``vae_ceiling``; skip with ``--no-ceiling``): what the denoiser could
-reach through that decoder if it produced the encoder's latents exactly.
+reach through that decoder if it produced the encoder's latents exactly. ``--vae-run RUN``
+measures only that ceiling, for the VAE of a training run (``python -m studio.tiny.train vae
+--out RUN``; the decoder stage's, if trained) instead of the shipped one: the check that
+decides whether a new VAE is worth training a denoiser on.
 
 Speed: the model's load time (weights from disk to a ready runner, in this process, once the
 pipeline's Python modules are imported; the first load, with the imports, is reported
@@ -41,6 +44,7 @@ import dataclasses
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -352,6 +356,48 @@ def _studio_json(entry) -> dict:
 ATTRS = ("background", "count", "colour", "shape", "size", "position", "motion")
 
 
+def _run_vae_ceiling(args, argv: list[str]) -> int:
+    """``--vae-run``: :func:`vae_ceiling` of a training run's VAE at the model's default clip
+    length and size; writes ``bench/results/<date>-vae-ceiling.json`` (or ``--out``)."""
+    import tempfile
+
+    import torch
+
+    from studio.engine.models.registry import ModelRegistry
+    from studio.tiny.autoencoder import load_trained_vae
+
+    run = Path(args.vae_run)
+    if not (run / "vae" / "checkpoint" / "vae.safetensors").exists():
+        print(f"--vae-run: {run} holds no vae/checkpoint/vae.safetensors (a folder written by "
+              f"python -m studio.tiny.train vae --out {run})", file=sys.stderr)
+        return 2
+    if args.prompts < 1:
+        print("--prompts must be >= 1", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    entry = ModelRegistry(include_hf_cache=False).resolve(args.model)
+    caps = entry.capabilities
+    started = time.time()
+    state = json.loads((run / "vae" / "checkpoint" / "state.json").read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        load_trained_vae(run, torch.device("cpu")).save_pretrained(tmp, safe_serialization=True)
+        ceiling = vae_ceiling(Path(tmp), args.prompts, caps.default_frames, caps.default_width)
+    result = run_header("model", argv, entry, args.threads)
+    out = (Path(args.out) if args.out
+           else ROOT / "bench" / "results" / f"{result['date']}-vae-ceiling.json")
+    result |= {"vae_run": str(run), "vae_training_step": state.get("step"),
+               "vae_ceiling": ceiling, "seconds": round(time.time() - started, 1),
+               "file": out.name}
+    save_result(out, result)
+    for mode, res in ceiling.items():
+        acc = ", ".join(f"{k} {v:.0%}" for k, v in res["accuracy"].items())
+        psnr = ", ".join(f"{p:.1f}" for p in res["psnr_db_per_frame"])
+        print(f"{'image' if mode == 't2i' else 'clip'} round trip ({res['prompts']} prompts): "
+              f"{acc}; PSNR by frame {psnr} dB")
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench model", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=MODEL, help="model id or folder (default: the embedded "
@@ -364,7 +410,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--write", action="store_true", help="also update docs/PERFORMANCE.md")
     ap.add_argument("--no-ceiling", action="store_true",
                     help="skip the evaluator on the VAE's round trip of the world's renders")
+    ap.add_argument("--vae-run", default=None, metavar="RUN",
+                    help="only the VAE ceiling, of training run RUN's VAE (a folder written by "
+                         "python -m studio.tiny.train vae --out RUN)")
     args = ap.parse_args(argv)
+    if args.vae_run is not None:
+        return _run_vae_ceiling(args, argv)
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:

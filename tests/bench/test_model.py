@@ -110,3 +110,34 @@ def test_bad_arguments_are_refused_with_the_flag(capsys):
     with pytest.raises(SystemExit):
         report.main(["--modes", "t2i,x2y"])
     assert "--modes" in capsys.readouterr().err
+
+
+def test_vae_run_measures_a_training_runs_vae(tmp_path, capsys):
+    """``--vae-run`` reads a training run's checkpoint (here: the shipped VAE's weights laid out
+    as a run) and gives the same ceiling as the shipped folder; a folder without a checkpoint
+    is refused by name."""
+    from diffusers import AutoencoderKLWan
+    from safetensors.torch import save_model
+
+    from studio.engine.models.registry import DEFAULT_EMBEDDED, EMBEDDED_DIR
+
+    shipped = EMBEDDED_DIR / DEFAULT_EMBEDDED / "vae"
+    vae = AutoencoderKLWan.from_pretrained(str(shipped)).float()
+    run = tmp_path / "run"
+    for stage in ("vae", "decoder"):  # the decoder stage's checkpoint wins when present
+        (run / stage / "checkpoint").mkdir(parents=True)
+        save_model(vae, str(run / stage / "checkpoint" / "vae.safetensors"))
+    (run / "vae" / "checkpoint" / "state.json").write_text('{"step": 7}')
+    (run / "vae" / "architecture.json").write_text('{"temporal_compression": 4}')
+    out = tmp_path / "ceiling.json"
+    assert report.main(["--vae-run", str(run), "--prompts", "4", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["vae_training_step"] == 7
+    expected = report.vae_ceiling(shipped, 4, 9, 64)
+    for mode in ("t2i", "t2v"):
+        assert result["vae_ceiling"][mode]["accuracy"] == expected[mode]["accuracy"]
+        assert np.allclose(result["vae_ceiling"][mode]["psnr_db_per_frame"],
+                           expected[mode]["psnr_db_per_frame"], atol=0.05)
+    assert "clip round trip (4 prompts)" in capsys.readouterr().out
+    assert report.main(["--vae-run", str(tmp_path / "nothing")]) == 2
+    assert "--vae-run" in capsys.readouterr().err
