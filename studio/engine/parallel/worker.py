@@ -13,7 +13,8 @@ group.
 
 Cancelling keeps the group up: the ranks agree on the step to stop at (each step they
 all-reduce a lock-free cancel flag the worker sets in shared memory), so all leave the
-denoising loop together. Only a group that does not stop within the collective timeout is torn down.
+denoising loop together. Only a group that does not stop within the collective timeout is
+torn down.
 
 Nothing changes in the parent's environment: the rendezvous variables are set in the ranks.
 """
@@ -181,6 +182,7 @@ class RankGroupWorker(Worker):
                          name="studio-ranks-reader", daemon=True).start()
 
     def _read(self, procs, events) -> None:
+        dead_seen = False
         while True:
             try:
                 item = receive(events, 0.2)
@@ -190,9 +192,10 @@ class RankGroupWorker(Worker):
                 return
             if item is None:
                 dead = [i for i, p in enumerate(procs) if not p.is_alive()]
-                if dead:
+                if dead and dead_seen:  # polled once more: what rank 0 sent has been read
                     self._group_died(procs, dead)
                     return
+                dead_seen = bool(dead)
                 continue
             kind, payload = item
             if kind != "event":
