@@ -232,7 +232,7 @@ def _child_main(config: WorkerConfig, jobs, events, cancel_serial, parent_pid: i
         events.send(("ready", os.getpid()))
         while (item := jobs.get()) is not None:  # fail each job with the reason, stay up
             events.send(("event", ev.Failed(item[1].job_id, ev.BAD_INPUT,
-                                           f"engine settings: {exc}")))
+                                            f"engine settings: {exc}")))
         return
     for model_id in config.preload:
         try:
