@@ -61,7 +61,7 @@ def test_every_sd_family_runs_under_every_profile(sd_models, model):
     entry = ModelRegistry(include_hf_cache=False).resolve(str(folder))
     runner = runner_class(entry.family)(entry, torch.device("cpu"), torch.float32)
     results = {}
-    for profile in ("exact", "fast", "balanced", "exact", "balanced"):
+    for profile in ("exact", "quality", "fast", "balanced", "exact", "balanced"):
         request = GenerationRequest(model=str(folder), prompt="a red circle", seed=4,
                                     steps=10, guidance_scale=5.0, width=64, height=64,
                                     mode="t2i", optimization=OptimizationSettings(profile))
