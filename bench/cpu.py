@@ -15,7 +15,8 @@ Per configuration: end-to-end latency of one prompt (median of ``--runs`` runs) 
 ratio to the baseline (each run sits between two baseline runs; the median over runs of the
 mean of its two neighbours' times over its own), full denoiser computations (the denoiser's linear and
 attention multiply-adds counted as they run, :class:`DenoiserWork`, in units of one full
-call), peak RSS above the process's level before the run, PSNR and SSIM of the uint8 output
+call), peak resident set (MB; the process's highest RSS during the timed runs, and its
+growth above the level before each run), PSNR and SSIM of the uint8 output
 against the baseline output of the same prompt and seed, and, on the embedded model, the
 adherence accuracy per attribute from :mod:`studio.tiny.evaluate`. Work and quality are the
 mean over ``Case.quality_prompts``, each run alone as the studio runs a job (on the embedded
@@ -120,11 +121,15 @@ def _rss() -> int:
 
 
 class PeakRss:
-    """Samples the resident set every 5 ms in a thread; ``peak`` is the max above start."""
+    """Samples the resident set every 5 ms in a thread: ``highest`` is its maximum (bytes),
+    ``peak`` that maximum above the level at entry (bytes). In one long process the growth
+    reads about 0 once an earlier run has grown the allocator's pools, so ``highest`` is the
+    figure to compare between configurations."""
 
     def __enter__(self):
         self.start = _rss()
         self.peak = 0
+        self.highest = self.start
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -132,12 +137,17 @@ class PeakRss:
 
     def _run(self):
         while not self._stop.wait(0.005):
-            self.peak = max(self.peak, _rss() - self.start)
+            self._sample()
+
+    def _sample(self):
+        now = _rss()
+        self.highest = max(self.highest, now)
+        self.peak = max(self.peak, now - self.start)
 
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, _rss() - self.start)
+        self._sample()
 
 
 def psnr_ssim(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
@@ -468,8 +478,8 @@ class Runner:
         self.baseline_details: list[dict] | None = None  # the baseline's evaluator details
 
     def once(self, method: Method, count: bool = True, prompts: list[str] | None = None,
-             seed: int = 0) -> tuple[np.ndarray, float, float, int]:
-        """(output, denoiser flops, seconds, peak RSS bytes) of one run of ``prompts`` (default:
+             seed: int = 0) -> tuple[np.ndarray, float, float, PeakRss]:
+        """(output, denoiser flops, seconds, resident-set record) of one run of ``prompts`` (default:
         the case's) from ``seed``. With ``count`` the work is counted (:class:`DenoiserWork` intercepts every torch call in Python, which
         slows a small model down: such a run's seconds are not a latency); without it the
         flops are 0."""
@@ -486,7 +496,7 @@ class Runner:
         finally:
             if method.teardown:
                 method.teardown(t)
-        return out, counter.flops if count else 0.0, seconds, rss.peak
+        return out, counter.flops if count else 0.0, seconds, rss
 
     def units(self, method: Method) -> tuple[float, np.ndarray]:
         out, flops, _, _ = self.once(method)
@@ -517,7 +527,7 @@ class Runner:
         only left it in: on 2026-12-03 five such pairs read fast at ×2.97 where twelve
         sandwiched runs read ×3.31)."""
         flops_each, outs = self.quality_runs(method)  # the work and the outputs
-        flops, out, peak = float(np.mean(flops_each)), outs[0], 0
+        flops, out, highest, growth = float(np.mean(flops_each)), outs[0], 0, 0
         times, base_times, repeatable = [], [], True
         for _ in range(self.runs):  # the latency: timed without the work counter
             if self.baseline is not None:
@@ -525,7 +535,7 @@ class Runner:
             timed, _, seconds, rss = self.once(method, count=False)
             repeatable &= bool(np.array_equal(timed, out))
             times.append(seconds)
-            peak = max(peak, rss)
+            highest, growth = max(highest, rss.highest), max(growth, rss.peak)
         if self.baseline is not None:  # the closing baseline run of the last sandwich
             base_times.append(self.once(BASELINE, count=False)[2])
         if not repeatable:  # state leaking between runs would show here
@@ -533,7 +543,8 @@ class Runner:
                   flush=True)
         row = {"case": self.case.name, "method": method.name, "kind": method.kind,
                "setting": method.setting, "latency_s": statistics.median(times),
-               "latencies_s": [round(x, 4) for x in times], "peak_rss_mb": peak / 2**20,
+               "latencies_s": [round(x, 4) for x in times], "peak_rss_mb": highest / 2**20,
+               "rss_growth_mb": growth / 2**20,
                "denoiser_gflop": flops / 1e9, "repeatable": repeatable, **method.info}
         if self.baseline is None:  # the baseline: one full denoiser call = this many
             self.baseline_out, self.baseline_outs = out, outs
@@ -740,18 +751,20 @@ def _adherence_cell(row: dict, attr: str) -> str:
 def markdown(rows: list[dict], command: str) -> str:
     lines = [f"Command: `{command}`", "",
              "| case | profile | method | setting | full calls | speed-up (quartiles) | "
-             "SSIM (worst) | "
-             "PSNR dB | status |", "|---|---|---|---|---|---|---|---|---|"]
+             "SSIM (worst) | PSNR dB | peak RSS MB | status |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "latency_s" not in r:
             lines.append(f"| {r['case']} | {r.get('profile', '')} | {r['method']} | | | | | | "
-                         f"{r.get('status', '')} |")
+                         f"| {r.get('status', '')} |")
             continue
         psnr = "∞" if r["psnr_db"] == float("inf") else f"{r['psnr_db']:.1f}"
+        # runs before 2026-12-05 kept only the growth above the level at each run's start
+        rss = f"{r['peak_rss_mb']:.0f}" if "rss_growth_mb" in r else ""
         lines.append(f"| {r['case']} | {r.get('profile', '')} | {r['method']} | {r['setting']} "
                      f"| {r['full_denoiser_calls']:.1f} | ×{r['speedup']:.2f}{_spread(r)} | "
                      f"{r['ssim']:.3f} ({r.get('ssim_worst', r['ssim']):.3f}) | {psnr} | "
-                     f"{r.get('status', '')} |")
+                     f"{rss} | {r.get('status', '')} |")
     adh = [r for r in rows if "adherence" in r]
     if adh:
         attrs = sorted({k for r in adh for k in r["adherence"]})

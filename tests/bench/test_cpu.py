@@ -36,6 +36,24 @@ def test_quick_run_on_tiny_wan(tmp_path):
     measured = [r for r in rows if "latency_s" in r]
     assert all(r["quality_prompts"] == 1 and r["ssim_worst"] <= r["ssim"] + 1e-12
                and r["timed_prompt_calls"] == r["full_denoiser_calls"] for r in measured)
+    # peak resident set: the process's highest (torch alone is over 100 MB), not only growth
+    assert all(r["peak_rss_mb"] > 100 and 0 <= r["rss_growth_mb"] <= r["peak_rss_mb"]
+               for r in measured)
+    table = cpu.markdown(rows, "cmd")
+    assert "| peak RSS MB |" in table
+    assert f"| {measured[0]['peak_rss_mb']:.0f} |" in table
+
+
+def test_peak_rss_sees_an_allocation_made_and_freed_inside():
+    import time
+
+    import numpy as np
+
+    with cpu.PeakRss() as rss:
+        block = np.ones(64 * 2**20, dtype=np.uint8)  # 64 MB, touched
+        time.sleep(0.1)  # the sampler reads every 5 ms
+        del block
+    assert rss.peak >= 60 * 2**20 and rss.highest >= rss.start + rss.peak - 2**20
 
 
 def test_another_schedule_length_and_the_cache_alone(tmp_path):
