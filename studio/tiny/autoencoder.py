@@ -251,6 +251,7 @@ class VaeDecoderTask(VaeTask):
     may mean, and a small star's points average away. For its first ``adversarial_warmup``
     steps of a sitting only the discriminator learns (on resume it repeats with the trained
     discriminator: harmless). The discriminator is the task's module ``discriminator``.
+    ``clip_share``: the share of steps on clips, as :class:`VaeTask`'s.
     """
 
     optional_modules = frozenset({"discriminator"})  # a restored decoder has none yet
@@ -258,10 +259,12 @@ class VaeDecoderTask(VaeTask):
     def __init__(self, device: torch.device, encoder_vae, image_batch: int = 24,
                  clip_batch: int = 4, decoder_base_dim: int | None = None,
                  edge_weight: float = 4.0, motion_weight: float = 0.0,
-                 adversarial_weight: float = 0.0, adversarial_warmup: int = 200):
+                 adversarial_weight: float = 0.0, adversarial_warmup: int = 200,
+                 clip_share: float = 0.25):
         compression = temporal_compression_of(encoder_vae)
         super().__init__(device, image_batch=image_batch, clip_batch=clip_batch,
-                         temporal_compression=compression, reconstruction_metrics=True)
+                         temporal_compression=compression, reconstruction_metrics=True,
+                         clip_share=clip_share)
         if motion_weight < 0 or edge_weight < 0 or adversarial_weight < 0 or \
                 adversarial_warmup < 0:
             raise ValueError(f"edge_weight={edge_weight}, motion_weight={motion_weight}, "

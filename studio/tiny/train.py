@@ -286,8 +286,8 @@ def main(argv: list[str] | None = None) -> int:
                              "the jointly trained VAE's (to train a candidate in "
                              "--decoder-dir)")
     parser.add_argument("--clip-share", type=float, default=0.25,
-                        help="vae: share of steps on clips rather than images (default 0.25, "
-                             "as the shipped VAE)")
+                        help="vae, decoder: share of steps on clips rather than images "
+                             "(default 0.25, as the shipped VAE and its decoder)")
     parser.add_argument("--temporal-compression", type=int, default=None, choices=[2, 4],
                         help="vae: frames per latent frame (4: 9 frames -> 3 latent frames, "
                              "the shipped VAE; 2: -> 5). Default: the run's, else 4")
@@ -386,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
                                                        decoder=args.init_decoder),
                               decoder_base_dim=args.decoder_base_dim,
                               motion_weight=args.motion_weight,
-                              adversarial_weight=args.adversarial_weight)
+                              adversarial_weight=args.adversarial_weight,
+                              clip_share=args.clip_share)
         config = TrainConfig(lr=args.lr or 3e-4, warmup_steps=50, total_steps=args.total_steps or 3000,
                              seed=args.seed, checkpoint_every_s=args.checkpoint_every,
                              log_every=10, weight_decay=0.0)

@@ -409,6 +409,22 @@ def test_decoder_motion_weight_marks_what_moved_between_frames():
         VaeDecoderTask(torch.device("cpu"), build_vae(), motion_weight=-1)
 
 
+def test_decoder_stage_takes_the_clip_share():
+    import numpy as np
+
+    from studio.tiny.train import VaeDecoderTask
+
+    rng = np.random.default_rng(0)
+    clips = VaeDecoderTask(torch.device("cpu"), build_vae(), image_batch=2, clip_batch=1,
+                           clip_share=1.0)
+    images = VaeDecoderTask(torch.device("cpu"), build_vae(), image_batch=2, clip_batch=1,
+                            clip_share=0.0)
+    assert [clips.batch(rng).shape[:3] for _ in range(3)] == [(1, 3, 9)] * 3
+    assert [images.batch(rng).shape[:3] for _ in range(3)] == [(2, 3, 1)] * 3
+    with pytest.raises(ValueError, match="clip_share"):
+        VaeDecoderTask(torch.device("cpu"), build_vae(), clip_share=1.5)
+
+
 def test_adversarial_decoder_run_trains_both_sides_and_resumes_from_a_plain_decoder(tmp_path):
     """``--adversarial-weight``: the discriminator learns during warm-up alone, then the
     decoder gets the adaptive-weighted term; the encoder stays bit for bit; a decoder
