@@ -358,7 +358,9 @@ ATTRS = ("background", "count", "colour", "shape", "size", "position", "motion")
 
 def _run_vae_ceiling(args, argv: list[str]) -> int:
     """``--vae-run``: :func:`vae_ceiling` of a training run's VAE at the model's default clip
-    length and size; writes ``bench/results/<date>-vae-ceiling.json`` (or ``--out``)."""
+    length and size, with the decoder stage's decoder when the run has one (its step is
+    recorded as ``vae_decoder_step``); writes ``bench/results/<date>-vae-ceiling.json``
+    (``...-vae-ceiling-decoder.json`` with the decoder stage, or ``--out``)."""
     import tempfile
 
     import torch
@@ -379,13 +381,19 @@ def _run_vae_ceiling(args, argv: list[str]) -> int:
     caps = entry.capabilities
     started = time.time()
     state = json.loads((run / "vae" / "checkpoint" / "state.json").read_text())
+    decoder = run / "decoder" / "checkpoint"  # load_trained_vae prefers the decoder stage's
+    decoder_step = (json.loads((decoder / "state.json").read_text()).get("step")
+                    if (decoder / "vae.safetensors").exists() else None)
     with tempfile.TemporaryDirectory() as tmp:
         load_trained_vae(run, torch.device("cpu")).save_pretrained(tmp, safe_serialization=True)
         ceiling = vae_ceiling(Path(tmp), args.prompts, caps.default_frames, caps.default_width)
     result = run_header("model", argv, entry, args.threads)
     out = (Path(args.out) if args.out
-           else ROOT / "bench" / "results" / f"{result['date']}-vae-ceiling.json")
+           else ROOT / "bench" / "results" / (f"{result['date']}-vae-ceiling"
+                                              f"{'' if decoder_step is None else '-decoder'}"
+                                              ".json"))
     result |= {"vae_run": str(run), "vae_training_step": state.get("step"),
+               "vae_decoder_step": decoder_step,
                "vae_ceiling": ceiling, "seconds": round(time.time() - started, 1),
                "file": out.name}
     save_result(out, result)

@@ -128,11 +128,12 @@ def test_vae_run_measures_a_training_runs_vae(tmp_path, capsys):
         (run / stage / "checkpoint").mkdir(parents=True)
         save_model(vae, str(run / stage / "checkpoint" / "vae.safetensors"))
     (run / "vae" / "checkpoint" / "state.json").write_text('{"step": 7}')
+    (run / "decoder" / "checkpoint" / "state.json").write_text('{"step": 3}')
     (run / "vae" / "architecture.json").write_text('{"temporal_compression": 4}')
     out = tmp_path / "ceiling.json"
     assert report.main(["--vae-run", str(run), "--prompts", "4", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert result["vae_training_step"] == 7
+    assert result["vae_training_step"] == 7 and result["vae_decoder_step"] == 3
     expected = report.vae_ceiling(shipped, 4, 9, 64)
     for mode in ("t2i", "t2v"):
         assert result["vae_ceiling"][mode]["accuracy"] == expected[mode]["accuracy"]
