@@ -1,4 +1,4 @@
-"""Every profile on the families whose own tests run only one of them (Flux 2, HiDream, Wan
+"""Every profile on the families whose own tests ran only some of them (Flux 2, HiDream, Wan
 VACE, Qwen-Image): each cached profile reports its step cache and skips work on ``fast``, and
 ``exact`` run again after the cached profiles gives the first ``exact`` pixels, so no cache
 state outlives its job. Wan, Flux, the SD family, LTX and LTX-2 run every profile in their
