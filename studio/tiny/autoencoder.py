@@ -1,11 +1,14 @@
 """The embedded model's autoencoder: diffusers' ``AutoencoderKLWan`` (Wan's causal 3D VAE),
-shrunk (4x spatial and 4x temporal compression, 8 latent channels), and its training
+shrunk (the shipped VAE: 4x spatial and 4x temporal compression, 8 latent channels; the
+third VAE in training: 2x spatial, 2x temporal, see :func:`build_vae`), and its training
 objectives (:class:`VaeTask`, :class:`VaeDecoderTask`), run by :mod:`studio.tiny.train`.
 
-Trained with L1 + L2 reconstruction and a small KL term on world images and clips; then
-(optional, stage ``decoder``) the decoder alone is trained further for the frozen encoder
-with object edges weighted: the denoiser's latent space is unchanged, and export and
-sampling use that decoder once it exists.
+Trained with L1 + L2 reconstruction and a small KL term on world images and clips, pixels
+optionally weighted on object outlines, on the scene's objects and on what moved; then
+(optional, stage ``decoder``) the decoder alone is trained further for the frozen encoder:
+the denoiser's latent space is unchanged, and export and sampling use that decoder once it
+exists. :func:`expand_latent_channels` widens a trained VAE's latent space without changing
+its round trip.
 """
 
 from __future__ import annotations
@@ -31,35 +34,131 @@ def device_default() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
-def build_vae(decoder_base_dim: int | None = None, *, temporal_compression: int = TEMPORAL):
-    """The embedded model's autoencoder: AutoencoderKLWan, 64x64xF RGB <-> 16x16xF' x 8.
+def build_vae(decoder_base_dim: int | None = None, *, temporal_compression: int = TEMPORAL,
+              latent_channels: int = LATENT_CHANNELS, spatial_compression: int = SPATIAL):
+    """The embedded model's autoencoder: AutoencoderKLWan, 64x64xF RGB <-> (64/s)x(64/s)xF'
+    x C (``spatial_compression`` s, 4 in the shipped VAE: 16x16 latents; ``latent_channels``
+    C, 8 in the shipped VAE).
 
     ``decoder_base_dim`` widens the decoder alone (diffusers' ``decoder_base_dim``; None: as
     wide as the encoder, 16), so a sharper decoder can be trained for a frozen encoder whose
     latent space the denoiser already knows (:class:`VaeDecoderTask`).
 
+    ``spatial_compression`` 4: two down stages (``dim_mult [1, 2, 4]``); 2: one
+    (``dim_mult [1, 2]``), 32x32 latents, a round trip that keeps the outline of a 10-pixel
+    star the 4x VAEs gave back as a round blob (issue 3's shape bar; training/README.md,
+    session 26).
+
     ``temporal_compression``: 4 (the shipped VAE: both down stages halve time, 9 frames -> 3
-    latent frames) or 2 (only the second does, ``temperal_downsample [False, True]``: 9 -> 5
-    latent frames, for a VAE that keeps more of a clip's motion). Raises ValueError otherwise.
+    latent frames) or 2 (only the last stage does: 9 -> 5 latent frames, for a VAE that
+    keeps more of a clip's motion; the only choice with one down stage). Raises ValueError
+    otherwise, for ``spatial_compression`` other than 2 or 4, or for ``latent_channels``
+    outside [1, 64].
     """
     from diffusers import AutoencoderKLWan
 
     if temporal_compression not in (2, 4):
         raise ValueError(f"temporal_compression={temporal_compression!r}: must be 2 or 4")
+    if spatial_compression not in (2, 4):
+        raise ValueError(f"spatial_compression={spatial_compression!r}: must be 2 or 4")
+    if spatial_compression == 2 and temporal_compression != 2:
+        raise ValueError(f"temporal_compression={temporal_compression!r}: must be 2 with "
+                         "spatial_compression 2 (one down stage halves time at most once)")
+    if not 1 <= latent_channels <= 64:
+        raise ValueError(f"latent_channels={latent_channels!r}: must be in [1, 64]")
+    if spatial_compression == 4:
+        dim_mult, temporal = [1, 2, 4], [temporal_compression == 4, True]
+    else:
+        dim_mult, temporal = [1, 2], [True]
     return AutoencoderKLWan(base_dim=16, decoder_base_dim=decoder_base_dim,
-                            z_dim=LATENT_CHANNELS, dim_mult=[1, 2, 4],
+                            z_dim=latent_channels, dim_mult=dim_mult,
                             num_res_blocks=1,
-                            temperal_downsample=[temporal_compression == 4, True],
-                            latents_mean=[0.0] * LATENT_CHANNELS,
-                            latents_std=[1.0] * LATENT_CHANNELS,
-                            scale_factor_spatial=SPATIAL,
+                            temperal_downsample=temporal,
+                            latents_mean=[0.0] * latent_channels,
+                            latents_std=[1.0] * latent_channels,
+                            scale_factor_spatial=spatial_compression,
                             scale_factor_temporal=temporal_compression)
+
+
+def spatial_compression_of(vae) -> int:
+    """Pixels per latent pixel along each side of an AutoencoderKLWan: 2 ** (number of
+    down stages)."""
+    return 2 ** (len(vae.config.dim_mult) - 1)
 
 
 def temporal_compression_of(vae) -> int:
     """Frames per latent frame (after the first) of an AutoencoderKLWan: 2 ** (number of
     down stages that halve time)."""
     return 2 ** sum(bool(t) for t in vae.config.temperal_downsample)
+
+
+def expand_latent_channels(vae, latent_channels: int, *, seed: int = 0,
+                           new_logvar: float = -8.0):
+    """A copy of a trained AutoencoderKLWan with more latent channels that decodes exactly
+    as ``vae`` does: a warm start for a VAE with room for the detail the trained one drops.
+
+    ``vae`` has C latent channels; the copy has ``latent_channels`` C' > C. The encoder's
+    head gives 2C' channels laid out ``[mean (C'), log-variance (C')]``: the old means and
+    log-variances go to their places, the new means come from small random rows of the
+    head (std a tenth of the old rows', drawn from ``seed``), the new log-variances are
+    constant ``new_logvar`` (posterior std exp(-4) ~ 0.018 latent units, as the trained
+    channels'). ``quant_conv`` / ``post_quant_conv`` (1x1x1) keep their old blocks and pass
+    the new channels through (identity); the decoder's ``conv_in`` gets zero weights for
+    them. So the copy's round trip equals the original's, and training grows the new
+    channels from there (the decoder's new weights get gradients at once; the encoder's new
+    rows as soon as those are non-zero). The idea is the function-preserving widening of
+    Net2Net (Chen, Goodfellow and Shlens, 2016).
+
+    Returns the new model (float32, on ``vae``'s device, in ``vae``'s train/eval mode; its
+    ``latents_mean`` / ``latents_std`` reset to 0 / 1). Raises ValueError when
+    ``latent_channels`` is not larger than C.
+    """
+    from diffusers import AutoencoderKLWan
+
+    old_c = int(vae.config.z_dim)
+    if latent_channels <= old_c:
+        raise ValueError(f"latent_channels={latent_channels}: must exceed the VAE's {old_c}")
+    new_c = latent_channels
+    config = {k: v for k, v in dict(vae.config).items() if not k.startswith("_")}
+    config.update(z_dim=new_c, latents_mean=[0.0] * new_c, latents_std=[1.0] * new_c)
+    new = AutoencoderKLWan(**config)
+    old_sd = {k: v.detach().float().cpu() for k, v in vae.state_dict().items()}
+    sd = new.state_dict()
+    for k, v in old_sd.items():
+        if sd[k].shape == v.shape:
+            sd[k] = v.clone()
+    # old head channel j (mean 0..C-1, log-variance C..2C-1) -> its place among 2C'
+    place = list(range(old_c)) + list(range(new_c, new_c + old_c))
+    gen = torch.Generator().manual_seed(seed)
+    w, b = old_sd["encoder.conv_out.weight"], old_sd["encoder.conv_out.bias"]
+    head_w, head_b = torch.zeros_like(sd["encoder.conv_out.weight"]), \
+        torch.zeros_like(sd["encoder.conv_out.bias"])
+    head_w[place], head_b[place] = w, b
+    head_w[old_c:new_c] = torch.randn(head_w[old_c:new_c].shape, generator=gen) * \
+        (0.1 * float(w[:old_c].std()))
+    head_b[new_c + old_c:] = new_logvar
+    sd["encoder.conv_out.weight"], sd["encoder.conv_out.bias"] = head_w, head_b
+    q_w = torch.zeros_like(sd["quant_conv.weight"])
+    q_b = torch.zeros_like(sd["quant_conv.bias"])
+    idx = torch.tensor(place)
+    q_w[idx[:, None], idx[None, :]] = old_sd["quant_conv.weight"]
+    q_b[idx] = old_sd["quant_conv.bias"]
+    fresh = [c for c in range(2 * new_c) if c not in place]
+    q_w[fresh, fresh] = 1.0
+    sd["quant_conv.weight"], sd["quant_conv.bias"] = q_w, q_b
+    p_w = torch.zeros_like(sd["post_quant_conv.weight"])
+    p_b = torch.zeros_like(sd["post_quant_conv.bias"])
+    p_w[:old_c, :old_c] = old_sd["post_quant_conv.weight"]
+    p_b[:old_c] = old_sd["post_quant_conv.bias"]
+    new_only = list(range(old_c, new_c))
+    p_w[new_only, new_only] = 1.0
+    sd["post_quant_conv.weight"], sd["post_quant_conv.bias"] = p_w, p_b
+    d_w = torch.zeros_like(sd["decoder.conv_in.weight"])
+    d_w[:, :old_c] = old_sd["decoder.conv_in.weight"]
+    sd["decoder.conv_in.weight"] = d_w
+    new.load_state_dict(sd)
+    device = next(vae.parameters()).device
+    return new.to(device).train(vae.training)
 
 
 def to_tensor(pixels: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -131,15 +230,21 @@ class VaeTask(TrainTask):
     def __init__(self, device: torch.device, image_batch: int = 32, clip_batch: int = 4,
                  kl_weight: float = 1e-6, *, clip_share: float = 0.25,
                  temporal_compression: int = TEMPORAL, edge_weight: float = 0.0,
-                 reconstruction_metrics: bool = False):
+                 reconstruction_metrics: bool = False, object_weight: float = 0.0,
+                 latent_channels: int = LATENT_CHANNELS, spatial_compression: int = SPATIAL):
         if not 0.0 <= clip_share <= 1.0:
             raise ValueError(f"clip_share={clip_share!r}: must be in [0, 1]")
         if edge_weight < 0:
             raise ValueError(f"edge_weight={edge_weight!r}: must be >= 0")
+        if object_weight < 0:
+            raise ValueError(f"object_weight={object_weight!r}: must be >= 0")
         self.device = device
-        self.vae = build_vae(temporal_compression=temporal_compression).to(device)
+        self.vae = build_vae(temporal_compression=temporal_compression,
+                             latent_channels=latent_channels,
+                             spatial_compression=spatial_compression).to(device)
         self.image_batch, self.clip_batch, self.kl_weight = image_batch, clip_batch, kl_weight
         self.clip_share, self.edge_weight = clip_share, edge_weight
+        self.object_weight = object_weight
         self.motion_weight = 0.0
         self.reconstruction_metrics = reconstruction_metrics
         rng = np.random.default_rng(12345)
@@ -148,23 +253,46 @@ class VaeTask(TrainTask):
 
     def architecture(self) -> dict:
         """What :func:`load_trained_vae` needs to build this task's VAE."""
-        return {"temporal_compression": temporal_compression_of(self.vae)}
+        return {"temporal_compression": temporal_compression_of(self.vae),
+                "latent_channels": int(self.vae.config.z_dim),
+                "spatial_compression": spatial_compression_of(self.vae)}
 
     def modules(self):
         return {"vae": self.vae}
 
     def batch(self, rng):
+        """Targets ``(B, 3, F, H, W)`` in [-1, 1]; with ``object_weight`` a pair
+        ``(targets, objects)``, ``objects`` ``(B, 1, F, H, W)`` in [0, 1]: where the
+        scene's objects are (:func:`world.object_coverage`), widened by 2 pixels so their
+        outlines count in full."""
         video = rng.random() < self.clip_share
         n = self.clip_batch if video else self.image_batch
-        return to_tensor(next(world.batches(rng, n, video=video))[1], self.device)
+        if not self.object_weight:
+            return to_tensor(next(world.batches(rng, n, video=video))[1], self.device)
+        specs = [world.sample_scene(rng, video=video) for _ in range(n)]
+        if video:
+            pixels = np.stack([world.render_clip(s, CLIP_FRAMES, SIZE, SIZE, rng) for s in specs])
+        else:
+            pixels = np.stack([world.render_image(s, SIZE, SIZE, rng) for s in specs])
+        cover = np.stack([world.object_coverage(s, CLIP_FRAMES if video else None, SIZE, SIZE)
+                          for s in specs])
+        cover = torch.from_numpy(cover).to(self.device)
+        cover = cover[:, None] if video else cover[:, None, None]  # (B, 1, F, H, W)
+        cover = torch.nn.functional.max_pool3d(cover, (1, 5, 5), 1, (0, 2, 2))
+        return to_tensor(pixels, self.device), cover
 
-    def pixel_weights(self, x: torch.Tensor) -> torch.Tensor:
+    def pixel_weights(self, x: torch.Tensor, objects: torch.Tensor | None = None) -> torch.Tensor:
         """(B, 1, F, H, W) loss weights of targets x (B, 3, F, H, W) in [-1, 1]: 1, plus
         ``edge_weight`` where the target's 3x3 neighbourhood spans more than 0.1 (object
         outlines and texture), plus ``motion_weight`` in clip frames where the target
-        changed by more than 0.1 from the frame before or to the frame after."""
+        changed by more than 0.1 from the frame before or to the frame after, plus
+        ``object_weight`` times ``objects`` (B, 1, F, H, W) when given. Why objects: they
+        cover about 3 % of a frame, so plain L1 + L2 spends the model on backgrounds; the
+        v2 VAE, trained so, gave small stars back as round blobs (0 of 42 read as stars)."""
         b, c, f, h, w = x.shape
         weight = torch.ones(b, 1, f, h, w, device=x.device)
+        if objects is not None and self.object_weight:
+            weight = weight + self.object_weight * objects
         if self.edge_weight:
             frames = x.transpose(1, 2).reshape(b * f, c, h, w)
             spread = (torch.nn.functional.max_pool2d(frames, 3, 1, 1)
@@ -179,14 +307,15 @@ class VaeTask(TrainTask):
             weight = weight + self.motion_weight * moved
         return weight
 
-    def loss(self, x, gen):
+    def loss(self, batch, gen):
+        x, objects = batch if isinstance(batch, tuple) else (batch, None)
         post = self.vae.encode(x).latent_dist
         eps = torch.randn(post.mean.shape, generator=gen).to(self.device)
         z = post.mean + post.std * eps
         rec = self.vae.decode(z).sample
-        if self.edge_weight or self.motion_weight:
+        if self.edge_weight or self.motion_weight or objects is not None:
             with torch.no_grad():
-                weight = self.pixel_weights(x)
+                weight = self.pixel_weights(x, objects)
                 weight = weight / weight.mean()  # a weighted mean: plain L1's scale
             l1 = (weight * (rec - x).abs()).mean()
             l2 = (weight * (rec - x).pow(2)).mean()
@@ -260,11 +389,13 @@ class VaeDecoderTask(VaeTask):
                  clip_batch: int = 4, decoder_base_dim: int | None = None,
                  edge_weight: float = 4.0, motion_weight: float = 0.0,
                  adversarial_weight: float = 0.0, adversarial_warmup: int = 200,
-                 clip_share: float = 0.25):
+                 clip_share: float = 0.25, object_weight: float = 0.0):
         compression = temporal_compression_of(encoder_vae)
+        channels, spatial = int(encoder_vae.config.z_dim), spatial_compression_of(encoder_vae)
         super().__init__(device, image_batch=image_batch, clip_batch=clip_batch,
                          temporal_compression=compression, reconstruction_metrics=True,
-                         clip_share=clip_share)
+                         clip_share=clip_share, object_weight=object_weight,
+                         latent_channels=channels, spatial_compression=spatial)
         if motion_weight < 0 or edge_weight < 0 or adversarial_weight < 0 or \
                 adversarial_warmup < 0:
             raise ValueError(f"edge_weight={edge_weight}, motion_weight={motion_weight}, "
@@ -278,7 +409,8 @@ class VaeDecoderTask(VaeTask):
             from studio.train.adversarial import AdversarialCritic, PatchDiscriminator
 
             self.critic = AdversarialCritic(PatchDiscriminator().to(device))
-        self.vae = build_vae(decoder_base_dim, temporal_compression=compression).to(device)
+        self.vae = build_vae(decoder_base_dim, temporal_compression=compression,
+                             latent_channels=channels, spatial_compression=spatial).to(device)
         source = encoder_vae.state_dict()
         if decoder_base_dim is None:
             self.vae.load_state_dict(source)
@@ -296,10 +428,11 @@ class VaeDecoderTask(VaeTask):
             return {"vae": self.vae}
         return {"vae": self.vae, "discriminator": self.critic.discriminator}
 
-    def loss(self, x, gen):
+    def loss(self, batch, gen):
+        x, objects = batch if isinstance(batch, tuple) else (batch, None)
         with torch.no_grad():
             post = self.vae.encode(x).latent_dist
-            weight = self.pixel_weights(x)
+            weight = self.pixel_weights(x, objects)
         eps = torch.randn(post.mean.shape, generator=gen).to(self.device)
         rec = self.vae.decode(post.mean + post.std * eps).sample
         l1 = (weight * (rec - x).abs()).mean()
@@ -336,11 +469,14 @@ def export_vae(vae, mean: torch.Tensor, std: torch.Tensor):
 
 
 def vae_architecture(run: Path) -> dict:
-    """``run/vae/architecture.json`` (written by :class:`VaeTask`), or the shipped VAE's
-    architecture for runs that predate it (``{"temporal_compression": 4}``)."""
+    """``run/vae/architecture.json`` (written by :class:`VaeTask`): ``temporal_compression``,
+    ``latent_channels`` and ``spatial_compression``, each the shipped VAE's (4, 8, 4) where
+    the file (runs that predate it) or the key (runs that predate the key) is missing."""
     arch = Path(run) / "vae" / ARCHITECTURE_FILE
     found = json.loads(arch.read_text()) if arch.exists() else {}
-    return {"temporal_compression": int(found.get("temporal_compression", TEMPORAL))}
+    return {"temporal_compression": int(found.get("temporal_compression", TEMPORAL)),
+            "latent_channels": int(found.get("latent_channels", LATENT_CHANNELS)),
+            "spatial_compression": int(found.get("spatial_compression", SPATIAL))}
 
 
 def load_trained_vae(run: Path, device: torch.device, *, decoder: bool = True):
@@ -351,14 +487,18 @@ def load_trained_vae(run: Path, device: torch.device, *, decoder: bool = True):
     from safetensors import safe_open
     from safetensors.torch import load_model
 
-    compression = vae_architecture(run)["temporal_compression"]
+    arch = vae_architecture(run)
+    compression, channels = arch["temporal_compression"], arch["latent_channels"]
+    spatial = arch["spatial_compression"]
     wide = run / "decoder" / "checkpoint" / "vae.safetensors"
     if decoder and wide.exists():
         with safe_open(str(wide), "pt") as fh:  # the width it was trained with
             width = fh.get_slice("decoder.conv_out.weight").get_shape()[1]
-        vae = build_vae(width, temporal_compression=compression)
+        vae = build_vae(width, temporal_compression=compression, latent_channels=channels,
+                        spatial_compression=spatial)
         load_model(vae, str(wide))
     else:
-        vae = build_vae(temporal_compression=compression)
+        vae = build_vae(temporal_compression=compression, latent_channels=channels,
+                        spatial_compression=spatial)
         load_model(vae, str(run / "vae" / "checkpoint" / "vae.safetensors"))
     return vae.to(device)

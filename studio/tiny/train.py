@@ -47,9 +47,12 @@ from studio.tiny.autoencoder import (  # noqa: F401
     VaeTask,
     build_vae,
     device_default,
+    expand_latent_channels,
     export_vae,
     load_trained_vae,
     psnr,
+    spatial_compression_of,
+    temporal_compression_of,
     to_tensor,
     vae_architecture,
 )
@@ -293,6 +296,20 @@ def main(argv: list[str] | None = None) -> int:
                              "the shipped VAE; 2: -> 5). Default: the run's, else 4")
     parser.add_argument("--edge-weight", type=float, default=0.0,
                         help="vae: extra loss weight on object outlines (default 0)")
+    parser.add_argument("--object-weight", type=float, default=0.0,
+                        help="vae, decoder: extra loss weight on the scene's objects and a "
+                             "2-pixel ring around them (default 0)")
+    parser.add_argument("--spatial-compression", type=int, default=None, choices=[2, 4],
+                        help="vae: pixels per latent pixel along a side of a new run (4: "
+                             "16x16 latents, the shipped VAE; 2: 32x32, needs "
+                             "--temporal-compression 2). Default: the run's, else 4")
+    parser.add_argument("--latent-channels", type=int, default=None,
+                        help="vae: latent channels of a new run (default: the run's, else "
+                             f"{LATENT_CHANNELS})")
+    parser.add_argument("--init-from", default=None,
+                        help="vae: start a new run from the trained VAE of this run folder "
+                             "(with its decoder stage's decoder if it has one), widened to "
+                             "--latent-channels without changing its round trip")
     parser.add_argument("--reconstruction-metrics", action="store_true",
                         help="vae: add the evaluator's shape, colour and motion accuracy on "
                              "round trips of held-out renders to each checkpoint's eval line")
@@ -324,6 +341,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--clip-share must be in [0, 1], got {args.clip_share}")
     if args.edge_weight < 0:
         parser.error(f"--edge-weight must be at least 0, got {args.edge_weight}")
+    if args.object_weight < 0:
+        parser.error(f"--object-weight must be at least 0, got {args.object_weight}")
+    if args.latent_channels is not None and not 1 <= args.latent_channels <= 64:
+        parser.error(f"--latent-channels must be in [1, 64], got {args.latent_channels}")
+    if args.init_from is not None and args.stage != "vae":
+        parser.error("--init-from applies to the vae stage only")
     if not 0 <= args.reference_share < 1:
         parser.error(f"--reference-share must be in [0, 1), got {args.reference_share}")
     if not 0 <= args.reference_alignment <= 10:
@@ -364,14 +387,48 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("asked", True))
     device = device_default()
     if args.stage == "vae":
-        kept = vae_architecture(out)["temporal_compression"]
-        if args.temporal_compression not in (None, kept) and \
-                (out / "vae" / ARCHITECTURE_FILE).exists():
-            parser.error(f"--temporal-compression {args.temporal_compression}: the run in "
-                         f"{out / 'vae'} was started with {kept}; use another --out")
-        task = VaeTask(device, clip_share=args.clip_share, edge_weight=args.edge_weight,
-                       temporal_compression=args.temporal_compression or kept,
-                       reconstruction_metrics=args.reconstruction_metrics)
+        started = (out / "vae" / ARCHITECTURE_FILE).exists()
+        resuming = (out / "vae" / "checkpoint" / "vae.safetensors").exists()
+        source = None
+        if args.init_from is not None and not resuming:
+            init = Path(args.init_from)
+            if not (init / "vae" / "checkpoint" / "vae.safetensors").exists():
+                parser.error(f"--init-from {init}: no trained VAE under {init / 'vae'}")
+            source = load_trained_vae(init, device)
+        kept = (vae_architecture(out) if started or source is None
+                else {"temporal_compression": temporal_compression_of(source),
+                      "latent_channels": int(source.config.z_dim),
+                      "spatial_compression": spatial_compression_of(source)})
+        for flag, name in (("temporal_compression", "--temporal-compression"),
+                           ("latent_channels", "--latent-channels"),
+                           ("spatial_compression", "--spatial-compression")):
+            if getattr(args, flag) not in (None, kept[flag]) and started:
+                parser.error(f"{name} {getattr(args, flag)}: the run in {out / 'vae'} was "
+                             f"started with {kept[flag]}; use another --out")
+            if getattr(args, flag) not in (None, kept[flag]) and source is not None and \
+                    flag != "latent_channels":
+                parser.error(f"{name} {getattr(args, flag)}: --init-from's VAE has "
+                             f"{kept[flag]}")
+        channels = args.latent_channels or kept["latent_channels"]
+        if source is not None and channels < kept["latent_channels"]:
+            parser.error(f"--latent-channels {channels}: fewer than --init-from's "
+                         f"{kept['latent_channels']}")
+        try:
+            task = VaeTask(device, clip_share=args.clip_share, edge_weight=args.edge_weight,
+                           temporal_compression=args.temporal_compression
+                           or kept["temporal_compression"],
+                           reconstruction_metrics=args.reconstruction_metrics,
+                           object_weight=args.object_weight, latent_channels=channels,
+                           spatial_compression=args.spatial_compression
+                           or kept["spatial_compression"])
+        except ValueError as exc:
+            parser.error(str(exc))
+        if source is not None:  # a new run's start: the trained VAE, widened if asked
+            if channels > kept["latent_channels"]:
+                source = expand_latent_channels(source, channels, seed=args.seed)
+            task.vae.load_state_dict(source.state_dict())
+            print(f"[vae] started from {args.init_from} ({kept['latent_channels']} -> "
+                  f"{channels} latent channels)", file=sys.stderr, flush=True)
         task.write_architecture(out / "vae")
         config = TrainConfig(lr=args.lr or 1e-3, warmup_steps=100, total_steps=args.total_steps or 8000,
                              seed=args.seed, checkpoint_every_s=args.checkpoint_every,
@@ -387,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
                               decoder_base_dim=args.decoder_base_dim,
                               motion_weight=args.motion_weight,
                               adversarial_weight=args.adversarial_weight,
-                              clip_share=args.clip_share)
+                              clip_share=args.clip_share, object_weight=args.object_weight)
         config = TrainConfig(lr=args.lr or 3e-4, warmup_steps=50, total_steps=args.total_steps or 3000,
                              seed=args.seed, checkpoint_every_s=args.checkpoint_every,
                              log_every=10, weight_decay=0.0)

@@ -576,6 +576,25 @@ def render_clip(spec: SceneSpec, frames: int = 9, height: int = 64, width: int =
     return out
 
 
+def object_coverage(spec: SceneSpec, frames: int | None = None, height: int = 64,
+                    width: int = 64) -> np.ndarray:
+    """Where the scene's objects are: the union (pixelwise maximum) of their antialiased
+    coverages, as :func:`render_image` (``frames`` None) or :func:`render_clip` draw them.
+
+    Returns:
+        float32 ``(height, width)`` for an image, ``(frames, height, width)`` for a clip, in
+        [0, 1] (0: background only).
+    """
+    times = [0.0] if frames is None else [float(t) for t in frame_times(frames)]
+    out = np.zeros((len(times), height, width), np.float32)
+    for f, t in enumerate(times):
+        for obj in spec.objects:
+            cx, cy, extent = object_state(obj, t, height, width)
+            np.maximum(out[f], shape_coverage(obj.shape, cx, cy, extent, height, width),
+                       out=out[f])
+    return out[0] if frames is None else out
+
+
 # --------------------------------------------------------------------------- sampling
 
 def _pick(rng: np.random.Generator, seq: Sequence):

@@ -201,7 +201,7 @@ def train(task: TrainTask, out_dir: str | os.PathLike[str], config: TrainConfig,
                          f"{state['seed']}")
     for m in task.modules().values():
         m.train()
-    stop_step = min(config.total_steps, max_steps or config.total_steps)
+    stop_step = config.total_steps if max_steps is None else min(config.total_steps, max_steps)
     t0 = time.monotonic()
     last_ckpt = t0
     elapsed0 = state["elapsed_s"]

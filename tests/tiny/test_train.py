@@ -492,11 +492,14 @@ def test_vae_with_2x_temporal_compression_keeps_its_architecture_through_a_run(t
     config = TrainConfig(lr=1e-3, warmup_steps=1, total_steps=2, seed=0, log_every=1,
                          checkpoint_every_s=1e9)
     train(task, tmp_path / "vae", config)
-    assert vae_architecture(tmp_path) == {"temporal_compression": 2}
+    assert vae_architecture(tmp_path) == {"temporal_compression": 2, "latent_channels": 8,
+                                          "spatial_compression": 4}
     loaded = load_trained_vae(tmp_path, torch.device("cpu"))
     assert list(loaded.config.temperal_downsample) == [False, True]
     assert all(torch.equal(v, task.vae.state_dict()[k]) for k, v in loaded.state_dict().items())
-    assert vae_architecture(tmp_path / "elsewhere") == {"temporal_compression": 4}
+    assert vae_architecture(tmp_path / "elsewhere") == {"temporal_compression": 4,
+                                                        "latent_channels": 8,
+                                                        "spatial_compression": 4}
 
     decoder = VaeDecoderTask(torch.device("cpu"), loaded, image_batch=1, clip_batch=1)
     assert list(decoder.vae.config.temperal_downsample) == [False, True]
