@@ -17,6 +17,7 @@ from studio.tiny.autoencoder import (
     build_vae,
     expand_latent_channels,
     load_trained_vae,
+    to_tensor,
     vae_architecture,
 )
 
@@ -60,8 +61,7 @@ def test_widened_vae_round_trip_equals_the_original_and_its_new_channels_learn()
     rng = np.random.default_rng(0)
     for video in (False, True):
         x = VaeTask(torch.device("cpu"), image_batch=2, clip_batch=1).batch(rng) if not video \
-            else torch.from_numpy(next(world.batches(rng, 1, video=True))[1]).permute(
-                0, 4, 1, 2, 3).float() / 127.5 - 1
+            else to_tensor(next(world.batches(rng, 1, video=True))[1], torch.device("cpu"))
         with torch.no_grad():
             post = wide.encode(x).latent_dist
             old = vae.encode(x).latent_dist
@@ -202,8 +202,8 @@ def test_2x_spatial_vae_keeps_32x32_latents_through_a_run(tmp_path, capsys):
                                                  "latent_channels": 8,
                                                  "spatial_compression": 2}
     vae = load_trained_vae(tmp_path / "v3", torch.device("cpu")).eval()
-    clip = torch.from_numpy(next(world.batches(np.random.default_rng(0), 1, video=True))[1])
-    clip = clip.permute(0, 4, 1, 2, 3).float() / 127.5 - 1
+    clip = to_tensor(next(world.batches(np.random.default_rng(0), 1, video=True))[1],
+                     torch.device("cpu"))
     with torch.no_grad():
         z = vae.encode(clip).latent_dist.mode()
         assert z.shape == (1, 8, 5, 32, 32)
