@@ -14,7 +14,15 @@ import numpy as np
 import torch
 
 from studio.tiny import world
-from studio.tiny.autoencoder import CLIP_FRAMES, LATENT_CHANNELS, SIZE, export_vae, to_tensor
+from studio.tiny.autoencoder import (
+    CLIP_FRAMES,
+    LATENT_CHANNELS,
+    SIZE,
+    SPATIAL,
+    export_vae,
+    spatial_compression_of,
+    to_tensor,
+)
 from studio.train.loop import TrainTask
 
 TEXT_LEN = 32
@@ -39,25 +47,56 @@ def build_text_stack():
     return tokenizer, UMT5EncoderModel(cfg)
 
 
-def build_denoiser():
-    """The embedded denoiser: WanTransformer3DModel, 6 layers, 3 heads of dim 64."""
+TOKEN_GRID = 8  # denoiser tokens per frame along each side, whatever the VAE's compression
+
+
+def denoiser_patch(spatial_compression: int = SPATIAL) -> int:
+    """The denoiser's spatial patch side for a VAE with ``spatial_compression`` pixels per
+    latent pixel: 2 for the 4x VAE (16x16 latents), 4 for the 2x VAE (32x32), so a 64x64 frame
+    is always 8 x 8 tokens and the denoiser's cost does not change with the VAE.
+
+    Raises:
+        ValueError: ``spatial_compression`` other than 2 or 4.
+    """
+    if spatial_compression not in (2, 4):
+        raise ValueError(f"spatial_compression={spatial_compression}: must be 2 or 4")
+    return SIZE // spatial_compression // TOKEN_GRID
+
+
+def build_denoiser(spatial_compression: int = SPATIAL, latent_channels: int = LATENT_CHANNELS):
+    """The embedded denoiser: WanTransformer3DModel, 6 layers, 3 heads of dim 64, patches of
+    (1, p, p) latent cells with p = :func:`denoiser_patch` (``spatial_compression``: the VAE's
+    pixels per latent pixel, 4 or 2; ``latent_channels``: its latent channels).
+
+    Raises:
+        ValueError: ``spatial_compression`` other than 2 or 4.
+    """
     from diffusers import WanTransformer3DModel
 
+    p = denoiser_patch(spatial_compression)
     return WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=3, attention_head_dim=64,
-        in_channels=LATENT_CHANNELS, out_channels=LATENT_CHANNELS, text_dim=64, freq_dim=64,
+        patch_size=(1, p, p), num_attention_heads=3, attention_head_dim=64,
+        in_channels=latent_channels, out_channels=latent_channels, text_dim=64, freq_dim=64,
         ffn_dim=512, num_layers=6, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
         rope_max_seq_len=32)
 
 
-def build_reference_encoder():
+def build_reference_encoder(spatial_compression: int = SPATIAL,
+                            latent_channels: int = LATENT_CHANNELS):
     """The reference-token encoder (see :func:`studio.engine.pipelines.wan.reference_tokens`):
-    a ``transformers`` ``CLIPVisionModel`` over the reference's normalised latents (B, 8,
-    16, 16), patches of 4 x 4 latent cells, 2 layers of width 64 (the text embeddings'
-    width): 17 tokens appended to the 32 text tokens of a reference-to-video prompt."""
+    a ``transformers`` ``CLIPVisionModel`` over the reference's normalised latents (B, C,
+    64 / s, 64 / s) for a VAE of ``spatial_compression`` s, in 4 x 4 patches (of 16 / s
+    latent cells a side), 2 layers of width 64 (the text embeddings' width): 17 tokens
+    appended to the 32 text tokens of a reference-to-video prompt.
+
+    Raises:
+        ValueError: ``spatial_compression`` other than 2 or 4.
+    """
     from transformers import CLIPVisionConfig, CLIPVisionModel
 
-    cfg = CLIPVisionConfig(num_channels=LATENT_CHANNELS, image_size=SIZE // 4, patch_size=4,
+    denoiser_patch(spatial_compression)  # validates
+    side = SIZE // spatial_compression
+    cfg = CLIPVisionConfig(num_channels=latent_channels, image_size=side, patch_size=side // 4,
                            hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                            num_attention_heads=4, projection_dim=64)
     return CLIPVisionModel(cfg)
@@ -236,10 +275,11 @@ class DenoiserTask(TrainTask):
         self.vae = vae.to(device).eval().requires_grad_(False)
         self.tokenizer, self.text_encoder = build_text_stack()
         self.text_encoder.to(device)
-        self.transformer = build_denoiser().to(device)
+        spatial, channels = spatial_compression_of(vae), int(vae.config.z_dim)
+        self.transformer = build_denoiser(spatial, channels).to(device)
         self.ema_text = copy.deepcopy(self.text_encoder).requires_grad_(False)
         self.ema_transformer = copy.deepcopy(self.transformer).requires_grad_(False)
-        self.reference_encoder = build_reference_encoder().to(device)
+        self.reference_encoder = build_reference_encoder(spatial, channels).to(device)
         self.ema_reference_encoder = copy.deepcopy(self.reference_encoder).requires_grad_(False)
         self.image_batch, self.clip_batch, self.ema_decay = image_batch, clip_batch, ema_decay
         self.step_kinds = step_kinds
@@ -358,6 +398,9 @@ class DenoiserTask(TrainTask):
             transformer=self.ema_transformer if ema else self.transformer,
             expand_timesteps=True)
         pipe.set_progress_bar_config(disable=True)
+        from studio.engine.pipelines.wan import fit_token_timesteps
+
+        fit_token_timesteps(pipe.transformer)
         return pipe
 
     def on_checkpoint(self, out_dir, step):
@@ -373,6 +416,62 @@ class DenoiserTask(TrainTask):
 
 
 SCHEDULER_SHIFT = 2.0
+
+
+WARM_START_PARTS = (("transformer", "transformer", "diffusion_pytorch_model.safetensors"),
+                    ("text_encoder", "text_encoder", "model.safetensors"),
+                    ("reference_encoder", "reference_encoder", "model.safetensors"))
+
+
+@torch.no_grad()
+def warm_start(task: DenoiserTask, folder) -> dict[str, dict[str, int]]:
+    """Starts ``task``'s denoiser, text encoder and reference encoder (live and EMA copies)
+    from the weights of an exported model folder (:func:`studio.tiny.sampling.export_pipeline`)
+    wherever a tensor's name and shape match, cast to fp32; the rest keep their fresh
+    initialisation. Used to move a trained denoiser onto a new VAE's latent space: with the
+    2x VAE the patch embedding and output projection of the denoiser and the reference
+    encoder's patch embedding change shape (other patches, other channels) and start fresh,
+    while the blocks, time and text embeddings, and the text encoder carry over (a new latent
+    space needs new input and output maps; what the blocks learned about captions and layout
+    stays useful).
+
+    Args:
+        task: a freshly built :class:`DenoiserTask`.
+        folder: the exported model folder (``transformer/``, ``text_encoder/`` and optionally
+            ``reference_encoder/`` with safetensors).
+    Returns:
+        Per part, ``{"loaded": n, "fresh": m}``: tensors taken from ``folder`` and tensors
+        left at their initialisation.
+    Raises:
+        ValueError: ``folder`` lacks ``transformer/`` or ``text_encoder/`` weights, or no
+            tensor of the transformer matched.
+    """
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    report: dict[str, dict[str, int]] = {}
+    targets = {"transformer": (task.transformer, task.ema_transformer),
+               "text_encoder": (task.text_encoder, task.ema_text),
+               "reference_encoder": (task.reference_encoder, task.ema_reference_encoder)}
+    for part, sub, file in WARM_START_PARTS:
+        path = folder / sub / file
+        if not path.exists():
+            if part == "reference_encoder":
+                continue
+            raise ValueError(f"folder={str(folder)!r}: no {sub}/{file}")
+        source = load_file(str(path))
+        live, ema = targets[part]
+        own = live.state_dict()
+        taken = {k: v.float() for k, v in source.items()
+                 if k in own and tuple(v.shape) == tuple(own[k].shape)}
+        if part == "transformer" and not taken:
+            raise ValueError(f"folder={str(folder)!r}: no transformer tensor matches")
+        for module in (live, ema):
+            module.load_state_dict(taken, strict=False)
+        report[part] = {"loaded": len(taken), "fresh": len(own) - len(taken)}
+    return report
 
 
 def insert_bounded(items: list, limit: int, rng: np.random.Generator, new: list) -> None:

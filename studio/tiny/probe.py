@@ -244,6 +244,14 @@ PLACEMENT_WORDS = {"left": "on the left", "right": "on the right", "top": "at th
                    "bottom": "at the bottom"}
 
 
+def latent_grid(pipe) -> tuple[int, int]:
+    """(latent channels, latent side) of a 64x64 frame for ``pipe``'s VAE and denoiser."""
+    from studio.tiny.autoencoder import SIZE
+
+    return (int(pipe.transformer.config.in_channels),
+            SIZE // int(pipe.vae.config.scale_factor_spatial))
+
+
 @torch.no_grad()
 def placement_shift(probe: DenoiserProbe, *, noise_level: float = 0.9, samples: int = 8,
                     seed: int = 0) -> dict[str, float]:
@@ -264,14 +272,14 @@ def placement_shift(probe: DenoiserProbe, *, noise_level: float = 0.9, samples: 
     Raises:
         ValueError: ``noise_level`` outside (0, 1] or ``samples`` below 1.
     """
-    from studio.tiny.autoencoder import LATENT_CHANNELS, SIZE, SPATIAL
+    from studio.tiny.autoencoder import SIZE
 
     if not 0.0 < noise_level <= 1.0:
         raise ValueError(f"noise_level: {noise_level} is outside (0, 1]")
     if samples < 1:
         raise ValueError(f"samples: {samples} is below 1")
-    side = SIZE // SPATIAL
-    noise = torch.randn(samples, LATENT_CHANNELS, 1, side, side,
+    channels, side = latent_grid(probe.pipe)
+    noise = torch.randn(samples, channels, 1, side, side,
                         generator=torch.Generator().manual_seed(seed))
     ys, xs = torch.meshgrid(torch.linspace(0, 1, SIZE), torch.linspace(0, 1, SIZE),
                             indexing="ij")
@@ -329,17 +337,15 @@ def position_awareness(probe: DenoiserProbe, *, noise_level: float = 0.95, sampl
     Raises:
         ValueError: ``noise_level`` outside (0, 1], or ``samples`` below 4 or odd.
     """
-    from studio.tiny.autoencoder import LATENT_CHANNELS, SIZE, SPATIAL
-
     if not 0.0 < noise_level <= 1.0:
         raise ValueError(f"noise_level: {noise_level} is outside (0, 1]")
     if samples < 4 or samples % 2:
         raise ValueError(f"samples: {samples} must be even and at least 4")
     transformer = probe.pipe.transformer
     _, ph, pw = transformer.config.patch_size
-    side = SIZE // SPATIAL
+    channels, side = latent_grid(probe.pipe)
     rows_n, cols_n = side // ph, side // pw
-    noise = torch.randn(samples, LATENT_CHANNELS, 1, side, side,
+    noise = torch.randn(samples, channels, 1, side, side,
                         generator=torch.Generator().manual_seed(seed))
     text = probe.encode_text(["a large red circle on a white background"]).expand(samples, -1, -1)
     features: dict[str, torch.Tensor] = {}

@@ -71,6 +71,7 @@ from studio.tiny.denoiser import (  # noqa: F401
     reference_word_targets,
     step_mix,
     vocabulary,
+    warm_start,
 )
 from studio.train.loop import TrainConfig, load_checkpoint, train
 
@@ -145,13 +146,41 @@ def snapshot_run(out: Path, committed: Path = Path("training/tiny")) -> dict:
     return json.loads((ckpt / "state.json").read_text())
 
 
+def _export_step(dest: Path, committed: Path) -> int | None:
+    """The training step of the exported model folder ``dest``, or None when its VAE's
+    spatial compression differs from ``committed/vae``'s architecture (its denoiser and
+    decoder do not fit that latent space).
+
+    Raises:
+        ValueError: ``dest`` is not an exported model folder (``studio.json`` with a
+            ``training_step``, and ``transformer/``).
+    """
+    meta_path = dest / "studio.json"
+    if not meta_path.exists() or not (dest / "transformer").is_dir():
+        raise ValueError(f"dest={str(dest)!r}: not an exported model folder (no studio.json "
+                         "and transformer/)")
+    step = json.loads(meta_path.read_text()).get("training_step")
+    if not isinstance(step, int) or step < 0:
+        raise ValueError(f"dest={str(dest)!r}: studio.json has no training_step")
+    arch = committed / "vae" / ARCHITECTURE_FILE
+    wanted = json.loads(arch.read_text()).get("spatial_compression", SPATIAL) \
+        if arch.exists() else SPATIAL
+    vae_config = dest / "vae" / "config.json"
+    found = json.loads(vae_config.read_text()).get("scale_factor_spatial", SPATIAL) \
+        if vae_config.exists() else SPATIAL
+    return step if int(found) == int(wanted) else None
+
+
 def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) -> dict:
     """Rebuilds ``out/{vae,decoder,dit}`` from what the repository holds: the committed VAE
     checkpoint and logs (``committed/vae``), the committed decoder logs and ``state.json``
     (``committed/decoder-w16``), the denoiser's snapshot and logs (``committed/dit``, see
     :func:`snapshot_run`) and an exported model folder ``dest`` (see
     :func:`studio.tiny.sampling.export_pipeline`). The run's decoder is the committed decoder
-    snapshot when there is one, else ``dest``'s VAE decoder.
+    snapshot when there is one, else ``dest``'s VAE decoder. ``dest`` counts only when its
+    VAE has the committed VAE's spatial compression (``committed/vae/architecture.json``):
+    a run of a new VAE (e.g. ``committed`` = ``training/tiny/v3``) restores from its own
+    snapshot alone, with the VAE's own decoder when it has no decoder snapshot.
 
     The denoiser starts from the newer (by training step) of the snapshot's EMA weights and
     the exported (EMA) weights: live and EMA copies alike, cast to fp32; the optimizer state
@@ -165,27 +194,28 @@ def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) 
         "restored ...").
 
     Raises:
-        ValueError: ``dest`` is not an exported model folder with a ``training_step``, or
-            ``committed/vae`` lacks ``checkpoint/vae.safetensors``.
+        ValueError: ``dest`` is not an exported model folder with a ``training_step``;
+            ``dest``'s VAE has another compression and ``committed/dit`` holds no snapshot;
+            or ``committed/vae`` lacks ``checkpoint/vae.safetensors``.
     """
     import shutil
 
     from safetensors.torch import load_file, save_file
 
-    meta_path = dest / "studio.json"
-    if not meta_path.exists() or not (dest / "transformer").is_dir():
-        raise ValueError(f"dest={str(dest)!r}: not an exported model folder (no studio.json "
-                         "and transformer/)")
-    step = json.loads(meta_path.read_text()).get("training_step")
-    if not isinstance(step, int) or step < 0:
-        raise ValueError(f"dest={str(dest)!r}: studio.json has no training_step")
+    step = _export_step(dest, committed)
     if not (committed / "vae" / "checkpoint" / "vae.safetensors").exists():
         raise ValueError(f"committed={str(committed)!r}: no vae/checkpoint/vae.safetensors")
+    snap = committed / "dit" / "checkpoint"
+    has_snapshot = (snap / "state.json").exists() and all(
+        (snap / f"ema_{part}.safetensors").exists() for part, _ in SNAPSHOT_PARTS)
+    if step is None and not has_snapshot:
+        raise ValueError(f"dest={str(dest)!r}: its VAE's spatial compression differs from "
+                         f"{committed / 'vae'}'s, and {snap} holds no snapshot to start from")
     done: dict[str, str] = {}
 
     def _copy_logs(src: Path, dst: Path) -> None:
         dst.mkdir(parents=True, exist_ok=True)
-        for log in ("train_log.jsonl", "eval_log.jsonl"):
+        for log in ("train_log.jsonl", "eval_log.jsonl", ARCHITECTURE_FILE):
             if (src / log).exists() and not (dst / log).exists():
                 shutil.copy2(src / log, dst / log)
 
@@ -198,11 +228,14 @@ def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) 
                         dirs_exist_ok=True)
         done["vae"] = f"restored from {committed / 'vae'}"
     dec = out / "decoder"  # the decoder export and sampling use: the shipped VAE's
+    decoder_snapshot = committed / "decoder-w16" / "checkpoint" / "decoder.safetensors"
     if (dec / "checkpoint" / "vae.safetensors").exists():
         done["decoder"] = "kept"
+    elif step is None and not decoder_snapshot.exists():
+        done["decoder"] = "none (the VAE's own decoder)"
     else:
         _copy_logs(committed / "decoder-w16", dec)
-        snapshot = committed / "decoder-w16" / "checkpoint" / "decoder.safetensors"
+        snapshot = decoder_snapshot
         source = snapshot if snapshot.exists() else \
             dest / "vae" / "diffusion_pytorch_model.safetensors"
         encoder = load_file(str(vae_dir / "checkpoint" / "vae.safetensors"))
@@ -220,14 +253,12 @@ def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) 
     if (dit / "checkpoint" / "state.json").exists():
         done["dit"] = "kept"
         return done
-    snap = committed / "dit" / "checkpoint"
     every = SNAPSHOT_PARTS + OPTIONAL_SNAPSHOT_PARTS
     sources = {part: dest / part / file for part, file in every}
     origin = str(dest)
-    if (snap / "state.json").exists() and all(
-            (snap / f"ema_{part}.safetensors").exists() for part, _ in SNAPSHOT_PARTS):
+    if has_snapshot:
         snap_step = json.loads((snap / "state.json").read_text()).get("step")
-        if isinstance(snap_step, int) and snap_step > step:
+        if isinstance(snap_step, int) and (step is None or snap_step > step):
             step, origin = snap_step, str(snap)
             sources = {part: snap / f"ema_{part}.safetensors" for part, _ in every}
     optional = {part for part, _ in OPTIONAL_SNAPSHOT_PARTS}
@@ -272,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     parser.add_argument("--checkpoint-every", type=float, default=300.0, help="seconds")
     parser.add_argument("--dest", default="assets/models/tiny-wan", help="export folder")
+    parser.add_argument("--committed", default="training/tiny",
+                        help="snapshot, restore: the repository folder of the run's committed "
+                             "parts (vae/, dit/, decoder-w16/); training/tiny/v3 for the "
+                             "2x-VAE run")
     parser.add_argument("--decoder-base-dim", type=int, default=None,
                         help="decoder: train a decoder this wide from scratch (default: keep "
                              "the VAE's width and start from its decoder)")
@@ -329,6 +364,11 @@ def main(argv: list[str] | None = None) -> int:
                              "(0: off)")
     parser.add_argument("--reference-lr-scale", type=float, default=1.0,
                         help="dit: learning-rate multiplier of the reference encoder")
+    parser.add_argument("--init-denoiser", default=None,
+                        help="dit: start a new run's denoiser, text encoder and reference "
+                             "encoder from this exported model folder wherever tensor shapes "
+                             "match (for a new VAE: the patch embedding and output projection "
+                             "start fresh)")
     parser.add_argument("--no-pool", action="store_true",
                         help="dit: encode every batch afresh instead of the latent pool")
     args = parser.parse_args(argv)
@@ -345,6 +385,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--object-weight must be at least 0, got {args.object_weight}")
     if args.latent_channels is not None and not 1 <= args.latent_channels <= 64:
         parser.error(f"--latent-channels must be in [1, 64], got {args.latent_channels}")
+    if args.init_denoiser is not None and args.stage != "dit":
+        parser.error("--init-denoiser applies to the dit stage only")
+    if args.init_denoiser is not None and not (Path(args.init_denoiser) / "transformer").is_dir():
+        parser.error(f"--init-denoiser {args.init_denoiser}: not an exported model folder "
+                     "(no transformer/)")
     if args.init_from is not None and args.stage != "vae":
         parser.error("--init-from applies to the vae stage only")
     if not 0 <= args.reference_share < 1:
@@ -367,8 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if args.stage in ("restore", "snapshot"):
         try:
-            print(json.dumps(restore_run(out, Path(args.dest)) if args.stage == "restore"
-                             else snapshot_run(out)))
+            committed = Path(args.committed)
+            print(json.dumps(restore_run(out, Path(args.dest), committed)
+                             if args.stage == "restore" else snapshot_run(out, committed)))
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -502,6 +548,15 @@ def _denoiser_stage(args, out: Path, device, vae, stop) -> int:
                         reference_alignment=args.reference_alignment,
                         reference_lr_scale=args.reference_lr_scale)
     if args.stage == "dit":
+        if args.init_denoiser is not None and not (out / "dit" / "checkpoint" /
+                                                   "state.json").exists():
+            try:
+                report = warm_start(task, Path(args.init_denoiser))
+            except ValueError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            print(f"[dit] warm start from {args.init_denoiser}: {report}", file=sys.stderr,
+                  flush=True)
         config = TrainConfig(lr=args.lr or 6e-4, warmup_steps=300, total_steps=args.total_steps or 30000,
                              seed=args.seed, checkpoint_every_s=args.checkpoint_every,
                              log_every=20, weight_decay=0.0)

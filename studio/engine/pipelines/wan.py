@@ -64,6 +64,7 @@ class WanRunner(FamilyRunner):
         self.pipes = {mode: derive_pipeline(cls, base, **config)
                       for mode, cls in wanted.items() if mode in entry.capabilities.modes}
         self.base = base
+        fit_token_timesteps(base.transformer)  # the pipes share it
         self.reference_encoder = None
         if entry.reference_encoder and "r2v" in entry.capabilities.modes:
             self.reference_encoder = load_reference_encoder(
@@ -294,6 +295,50 @@ def reference_tokens(encoder: torch.nn.Module, reference: torch.Tensor) -> torch
                          f"{cfg.image_size}) latents, got {tuple(reference.shape)}")
     param = next(encoder.parameters())
     return encoder(pixel_values=reference[:, :, 0].to(param)).last_hidden_state
+
+
+def fit_token_timesteps(transformer: torch.nn.Module):
+    """Makes the per-token timesteps of diffusers' Wan pipelines fit a denoiser whose spatial
+    patch is not 2.
+
+    With ``expand_timesteps`` (Wan 2.2 TI2V's image-to-video: the clean first frame at
+    timestep 0) ``WanPipeline`` and ``WanImageToVideoPipeline`` build one timestep per token
+    by taking every second latent cell of the first-frame mask (``mask[:, ::2, ::2]``), which
+    is right for patch (1, 2, 2) only. For a patch (1, p, p) with p a multiple of 2 (the
+    embedded model on its 2x VAE: p = 4), a forward pre-hook keeps every (p/2)-th of those
+    entries along each side, so the timesteps (B, f * h/p * w/p) match the tokens. Timesteps
+    already per token of this patch (or one per sample) pass unchanged. Registering twice is a
+    no-op.
+
+    Returns:
+        The hook handle, or None when the patch is (1, 2, 2) and nothing needs fitting.
+    Raises:
+        ValueError: a spatial patch that is not a multiple of 2.
+    """
+    _, patch_h, patch_w = transformer.config.patch_size
+    if (patch_h, patch_w) == (2, 2):
+        return None
+    if patch_h % 2 or patch_w % 2:
+        raise ValueError(f"patch_size={tuple(transformer.config.patch_size)}: the spatial "
+                         "patch must be a multiple of 2 to fit per-token timesteps")
+    handle = getattr(transformer, "_studio_token_timesteps", None)
+    if handle is not None:
+        return handle
+
+    def before(_module, args, kwargs):
+        t, x = kwargs.get("timestep"), kwargs.get("hidden_states")
+        if t is None or x is None or t.ndim != 2:
+            return None
+        b, _, f, h, w = x.shape
+        if t.shape[1] != f * (h // 2) * (w // 2):
+            return None
+        t = t.reshape(b, f, h // 2, w // 2)[:, :, ::patch_h // 2, ::patch_w // 2]
+        kwargs["timestep"] = t.reshape(b, -1)
+        return args, kwargs
+
+    handle = transformer.register_forward_pre_hook(before, with_kwargs=True)
+    transformer._studio_token_timesteps = handle
+    return handle
 
 
 def append_reference_frame(transformer: torch.nn.Module, reference: torch.Tensor) -> list:

@@ -1,0 +1,165 @@
+"""The denoiser on the third VAE's latents (2x spatial, 2x temporal: 32x32 latents, 9 frames
+-> 5): patch (1, 4, 4) keeps 8 x 8 tokens a frame, the shipped denoiser's blocks carry over
+(warm start), the export runs through the engine in every video mode, and a run of a new VAE
+restores from its own snapshot."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from studio.tiny.autoencoder import build_vae
+from studio.tiny.denoiser import (
+    DenoiserTask,
+    build_denoiser,
+    build_reference_encoder,
+    denoiser_patch,
+    warm_start,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = REPO / "assets" / "models" / "tiny-wan"
+
+
+@pytest.fixture(scope="module")
+def task():
+    torch.manual_seed(0)
+    vae = build_vae(spatial_compression=2, temporal_compression=2)
+    return DenoiserTask(torch.device("cpu"), vae, image_batch=4, clip_batch=1)
+
+
+def test_patch_follows_the_vae_so_a_frame_stays_8x8_tokens():
+    assert denoiser_patch(4) == 2 and denoiser_patch(2) == 4
+    with pytest.raises(ValueError, match="spatial_compression=3"):
+        denoiser_patch(3)
+    with pytest.raises(ValueError, match="spatial_compression=8"):
+        build_reference_encoder(8)
+    assert build_denoiser(2).config.patch_size == (1, 4, 4)
+    enc = build_reference_encoder(2).config
+    assert (enc.image_size, enc.patch_size, enc.num_channels) == (32, 8, 8)
+    assert (enc.image_size // enc.patch_size) ** 2 + 1 == 17  # as many tokens as the 4x one's
+
+
+def test_warm_start_takes_every_matching_tensor_and_leaves_the_rest_fresh(task):
+    fresh_embed = task.transformer.patch_embedding.weight.detach().clone()
+    report = warm_start(task, SHIPPED)
+    assert report["transformer"] == {"loaded": len(task.transformer.state_dict()) - 3,
+                                     "fresh": 3}
+    shipped = load_file(str(SHIPPED / "transformer" / "diffusion_pytorch_model.safetensors"))
+    live, ema = task.transformer.state_dict(), task.ema_transformer.state_dict()
+    for key in ("blocks.3.attn1.to_q.weight", "condition_embedder.time_embedder.linear_1.weight",
+                "scale_shift_table"):
+        assert live[key].dtype == torch.float32
+        assert torch.equal(live[key], shipped[key].float()) and torch.equal(ema[key], live[key])
+    # the input and output maps change shape with the patch: they stay as initialised
+    assert torch.equal(task.transformer.patch_embedding.weight, fresh_embed)
+    assert shipped["proj_out.weight"].shape[0] == 8 * 4 and live["proj_out.weight"].shape[0] == 8 * 16
+    text = load_file(str(SHIPPED / "text_encoder" / "model.safetensors"))
+    assert torch.equal(task.text_encoder.shared.weight, text["shared.weight"].float())
+    assert task.text_encoder.encoder.embed_tokens.weight is task.text_encoder.shared.weight
+    with pytest.raises(ValueError, match="no transformer/"):
+        warm_start(task, SHIPPED / "vae")
+
+
+def test_training_steps_reach_the_fresh_patch_embedding(task):
+    rng, gen = np.random.default_rng(1), torch.Generator().manual_seed(1)
+    seen = []
+    hook = task.transformer.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(tuple(kwargs["hidden_states"].shape)),
+        with_kwargs=True)
+    kinds = set()
+    for _ in range(12):
+        batch = task.batch(rng)
+        kinds.add("reference" if batch.refs is not None else
+                  "clip" if batch.pixels.ndim == 5 else "image")
+        task.transformer.zero_grad()
+        loss, _ = task.loss(batch, gen)
+        loss.backward()
+        assert torch.isfinite(loss)
+        assert task.transformer.patch_embedding.weight.grad.abs().sum() > 0
+        if kinds == {"image", "clip", "reference"}:
+            break
+    hook.remove()
+    assert kinds == {"image", "clip", "reference"}
+    # images: 1 latent frame; clips: 9 frames -> 5; reference clips: 5 + the reference frame
+    assert {s[2:] for s in seen} == {(1, 32, 32), (5, 32, 32), (6, 32, 32)}
+
+
+def test_export_runs_every_video_mode_through_the_engine(task, tmp_path):
+    from studio.core.media import pixels_content_id
+    from studio.core.request import GenerationRequest, MediaRef
+    from studio.engine.executor import runner_class
+    from studio.engine.models.registry import ModelRegistry
+    from studio.tiny.sampling import export_pipeline
+
+    folder = export_pipeline(task, tmp_path / "tiny-wan-2x", step=0)
+    entry = ModelRegistry([tmp_path], include_hf_cache=False).resolve(str(folder))
+    assert entry.usable and {"t2i", "t2v", "i2v", "r2v", "i2i"} <= entry.capabilities.modes
+    runner = runner_class(entry.family)(entry, torch.device("cpu"), torch.float32)
+    transformer = runner.pipes["t2v"].transformer
+    seen, timesteps = [], []
+    # the denoiser's input as its patch embedding gets it (the reference frame appended) ...
+    spies = [transformer.patch_embedding.register_forward_pre_hook(
+        lambda m, args: seen.append(tuple(args[0].shape))),
+        # ... and the per-token timesteps the pipeline hands it, fitted to patch (1, 4, 4)
+        transformer.register_forward_pre_hook(
+            lambda m, args, kwargs: timesteps.append(tuple(kwargs["timestep"].shape)),
+            with_kwargs=True)]
+    picture = (np.random.default_rng(0).random((64, 64, 3)) * 255).astype(np.uint8)
+    media = MediaRef(pixels_content_id(picture))
+    common = dict(model=str(folder), prompt="a small red star moves left on grass", seed=1,
+                  steps=2, guidance_scale=4.0, width=64, height=64)
+    for mode, extra, frames, latent_frames in (
+            ("t2i", {}, 1, 1), ("t2v", {"num_frames": 9}, 9, 5),
+            ("i2v", {"num_frames": 9, "first_frame": media}, 9, 5),
+            ("r2v", {"num_frames": 9, "references": (media,)}, 9, 6)):
+        req = GenerationRequest(mode=mode, **common, **extra)
+        assert req.validate(entry.capabilities) == []
+        seen.clear()
+        timesteps.clear()
+        out = runner.run(req, {media.content_id: picture}, lambda *a: None).frames
+        assert out.shape == (frames, 64, 64, 3) and np.isfinite(out).all(), mode
+        assert seen and all(s[1:] == (8, latent_frames, 32, 32) for s in seen), (mode, seen)
+        video_frames = min(latent_frames, 5)  # the reference frame gets its own
+        assert all(t[-1] == video_frames * 8 * 8 for t in timesteps), (mode, timesteps)
+    for spy in spies:
+        spy.remove()
+
+
+def test_a_new_vae_run_restores_from_its_own_snapshot(tmp_path):
+    from safetensors.torch import save_file
+
+    from studio.tiny.train import restore_run
+
+    committed = tmp_path / "v3"
+    (committed / "vae" / "checkpoint").mkdir(parents=True)
+    vae = build_vae(spatial_compression=2, temporal_compression=2)
+    save_file(vae.state_dict(), str(committed / "vae" / "checkpoint" / "vae.safetensors"))
+    (committed / "vae" / "architecture.json").write_text(json.dumps(
+        {"temporal_compression": 2, "latent_channels": 8, "spatial_compression": 2}))
+    # the shipped model's denoiser belongs to the 4x VAE: no start without a snapshot
+    with pytest.raises(ValueError, match="spatial compression differs"):
+        restore_run(tmp_path / "run", SHIPPED, committed)
+    assert not (tmp_path / "run").exists()
+    snap = committed / "dit" / "checkpoint"
+    snap.mkdir(parents=True)
+    torch.manual_seed(0)
+    weights = {k: v.half() for k, v in build_denoiser(2).state_dict().items()}
+    save_file(weights, str(snap / "ema_transformer.safetensors"))
+    shutil.copy(SHIPPED / "text_encoder" / "model.safetensors", snap / "ema_text_encoder.safetensors")
+    (snap / "state.json").write_text(json.dumps({"step": 40, "elapsed_s": 9.0, "seed": 0}))
+    done = restore_run(tmp_path / "run", SHIPPED, committed)
+    assert done == {"vae": f"restored from {committed / 'vae'}",
+                    "decoder": "none (the VAE's own decoder)",
+                    "dit": f"restored from {snap} at step 40"}
+    assert json.loads((tmp_path / "run" / "vae" / "architecture.json").read_text()) == {
+        "temporal_compression": 2, "latent_channels": 8, "spatial_compression": 2}
+    got = load_file(str(tmp_path / "run" / "dit" / "checkpoint" / "transformer.safetensors"))
+    assert all(torch.equal(got[k], v.float()) for k, v in weights.items())
+    assert not (tmp_path / "run" / "decoder").exists()
