@@ -545,3 +545,126 @@ class LatentPool:
         drop = rng.random(n) < 0.1
         captions = ["" if d else c for c, d in zip(captions, drop, strict=True)]
         return DenoiserBatch(captions, latents, refs, first_frame, objects)
+
+
+def _ridge(x: torch.Tensor, y: torch.Tensor, ridge: float) -> tuple[torch.Tensor, float]:
+    """Least squares ``y ~ [x, 1] @ w`` with a ridge ``ridge * mean(diag(x^T x))`` (float64):
+    ``w`` ((in + 1), out) and the fit's R^2 over every output."""
+    x1 = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], 1).double()
+    gram = x1.T @ x1
+    gram += ridge * gram.diagonal().mean() * torch.eye(len(gram), dtype=gram.dtype)
+    w = torch.linalg.solve(gram, x1.T @ y.double())
+    resid = (y.double() - x1 @ w).pow(2).sum()
+    r2 = 1.0 - float(resid / (y.double() - y.double().mean(0)).pow(2).sum())
+    return w.float(), r2
+
+
+def _patches(z: torch.Tensor, p: int, *, channels_last: bool) -> torch.Tensor:
+    """Latents (N, C, 1, H, W) -> one row per (1, p, p) patch in token order (row, column):
+    (N * H/p * W/p, C * p * p), each row ordered (C, p, p) as a Conv3d patch embedding
+    reads it, or (p, p, C) as Wan's ``proj_out`` writes it (``channels_last``)."""
+    n, c, f, h, w = z.shape
+    z = z.reshape(n, c, f, h // p, p, w // p, p)
+    order = (0, 2, 3, 5, 4, 6, 1) if channels_last else (0, 2, 3, 5, 1, 4, 6)
+    return z.permute(*order).reshape(n * f * (h // p) * (w // p), c * p * p)
+
+
+@torch.no_grad()
+def fit_latent_maps(task: DenoiserTask, folder, *, images: int = 384, seed: int = 0,
+                    ridge: float = 1e-3) -> dict[str, float]:
+    """Fits the new input and output maps of a denoiser moved onto a new VAE (after
+    :func:`warm_start`) by least squares, so training starts from a model that already
+    denoises instead of from fresh maps around trained blocks:
+
+    1. the patch embedding, so that new latents' tokens match the tokens the exported
+       model's patch embedding makes of its own VAE's latents of the same world images
+       (the blocks then see inputs like those they were trained on);
+    2. ``proj_out``, from the features the warm-started model computes on noisy new latents
+       (x_t = (1 - s) x_0 + s e, s ~ sigmoid(N(0, 1)), the images' captions) to the
+       flow-matching target e - x_0.
+
+    Both are ridge regressions (closed form), written into the live and EMA copies. The
+    idea is Net2Net's (Chen et al., ICLR 2016: start a changed network from a function of
+    the trained one) with a linear probe's fit where no exact map exists.
+
+    Args:
+        task: a :class:`DenoiserTask` on the new VAE, warm-started from ``folder``.
+        folder: the exported model folder (its ``vae/`` and ``transformer/``).
+        images: world images to fit on (64 tokens each); at least 16.
+        seed: the images, captions, noise and noise levels.
+        ridge: the ridge, relative to the mean diagonal of the Gram matrix.
+    Returns:
+        ``{"embedding_r2", "output_r2", "loss_before", "loss_after"}``: the fits' R^2 and
+        the flow-matching loss (mean squared error) on the fitting batch with ``proj_out``
+        as it was and as fitted.
+    Raises:
+        ValueError: ``images`` below 16, or ``folder`` lacks ``vae/`` or ``transformer/``.
+    """
+    from pathlib import Path
+
+    from diffusers import AutoencoderKLWan
+    from safetensors.torch import load_file
+
+    if images < 16:
+        raise ValueError(f"images={images}: must be at least 16")
+    folder = Path(folder)
+    weights = folder / "transformer" / "diffusion_pytorch_model.safetensors"
+    if not (folder / "vae" / "config.json").exists() or not weights.exists():
+        raise ValueError(f"folder={str(folder)!r}: needs vae/ and transformer/ weights")
+    device = task.device
+    old_vae = AutoencoderKLWan.from_pretrained(folder / "vae", torch_dtype=torch.float32)
+    old_vae = old_vae.to(device).eval()
+    view = (1, -1, 1, 1, 1)
+    old_mean = torch.tensor(old_vae.config.latents_mean, device=device).view(view)
+    old_std = torch.tensor(old_vae.config.latents_std, device=device).view(view)
+    old = load_file(str(weights))
+    w_old = old["patch_embedding.weight"].float().to(device)
+    b_old = old["patch_embedding.bias"].float().to(device)
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    specs = [world.sample_scene(rng, video=False) for _ in range(images)]
+    pixels = np.stack([world.render_image(sp, SIZE, SIZE, rng) for sp in specs])
+    captions = [world.caption(sp, rng) for sp in specs]
+    z_new, z_old = [], []
+    for i in range(0, images, 64):
+        chunk = to_tensor(pixels[i:i + 64], device)
+        z_old.append((old_vae.encode(chunk).latent_dist.mode() - old_mean) / old_std)
+        z_new.append(task.encode_pixels(pixels[i:i + 64]))
+    z_old, z_new = torch.cat(z_old), torch.cat(z_new)
+    stride = tuple(w_old.shape[2:])
+    tokens_old = torch.nn.functional.conv3d(z_old, w_old, b_old, stride=stride)
+    dim = tokens_old.shape[1]
+    target = tokens_old.flatten(2).transpose(1, 2).reshape(-1, dim).cpu()
+    p = task.transformer.config.patch_size[1]
+    w, embedding_r2 = _ridge(_patches(z_new, p, channels_last=False).cpu(), target, ridge)
+    embed = {"weight": w[:-1].T.reshape(task.transformer.patch_embedding.weight.shape),
+             "bias": w[-1]}
+    for module in (task.transformer, task.ema_transformer):
+        module.patch_embedding.load_state_dict({k: v.to(device) for k, v in embed.items()})
+
+    features: list[torch.Tensor] = []
+    hook = task.transformer.proj_out.register_forward_pre_hook(
+        lambda m, args: features.append(args[0].reshape(-1, args[0].shape[-1]).cpu()))
+    targets, errors = [], []
+    try:
+        for i in range(0, images, 32):
+            x0 = z_new[i:i + 32]
+            noise = torch.randn(x0.shape, generator=gen).to(device)
+            s = torch.sigmoid(torch.randn(len(x0), generator=gen)).to(device)
+            xt = (1 - s.view(-1, 1, 1, 1, 1)) * x0 + s.view(-1, 1, 1, 1, 1) * noise
+            text = task.encode_text(captions[i:i + 32])
+            pred = task.transformer(hidden_states=xt, timestep=s * 1000,
+                                    encoder_hidden_states=text, return_dict=False)[0]
+            errors.append((pred - (noise - x0)).pow(2).mean().item() * len(x0))
+            targets.append(_patches(noise - x0, p, channels_last=True).cpu())
+    finally:
+        hook.remove()
+    feats, targets = torch.cat(features), torch.cat(targets)
+    w, output_r2 = _ridge(feats, targets, ridge)
+    out = {"weight": w[:-1].T.contiguous(), "bias": w[-1]}
+    for module in (task.transformer, task.ema_transformer):
+        module.proj_out.load_state_dict({k: v.to(device) for k, v in out.items()})
+    fitted = torch.cat([feats, torch.ones(len(feats), 1)], 1) @ w
+    return {"embedding_r2": round(embedding_r2, 4), "output_r2": round(output_r2, 4),
+            "loss_before": round(sum(errors) / images, 4),
+            "loss_after": round(float((fitted - targets).pow(2).mean()), 4)}

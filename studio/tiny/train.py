@@ -66,6 +66,7 @@ from studio.tiny.denoiser import (  # noqa: F401
     build_denoiser,
     build_reference_encoder,
     build_text_stack,
+    fit_latent_maps,
     flow_matching_loss,
     reference_image,
     reference_word_targets,
@@ -367,8 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--init-denoiser", default=None,
                         help="dit: start a new run's denoiser, text encoder and reference "
                              "encoder from this exported model folder wherever tensor shapes "
-                             "match (for a new VAE: the patch embedding and output projection "
-                             "start fresh)")
+                             "match; for a new VAE, the patch embedding and output projection "
+                             "are then fitted by least squares (fit_latent_maps)")
     parser.add_argument("--no-pool", action="store_true",
                         help="dit: encode every batch afresh instead of the latent pool")
     args = parser.parse_args(argv)
@@ -552,6 +553,8 @@ def _denoiser_stage(args, out: Path, device, vae, stop) -> int:
                                                    "state.json").exists():
             try:
                 report = warm_start(task, Path(args.init_denoiser))
+                if report["transformer"]["fresh"]:  # another latent space: fit its maps
+                    report["fit"] = fit_latent_maps(task, Path(args.init_denoiser))
             except ValueError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2

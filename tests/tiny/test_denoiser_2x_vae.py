@@ -20,6 +20,7 @@ from studio.tiny.denoiser import (
     build_denoiser,
     build_reference_encoder,
     denoiser_patch,
+    fit_latent_maps,
     warm_start,
 )
 
@@ -65,6 +66,28 @@ def test_warm_start_takes_every_matching_tensor_and_leaves_the_rest_fresh(task):
     assert task.text_encoder.encoder.embed_tokens.weight is task.text_encoder.shared.weight
     with pytest.raises(ValueError, match="no transformer/"):
         warm_start(task, SHIPPED / "vae")
+
+
+def test_fitted_latent_maps_start_the_moved_denoiser_below_its_fresh_loss(task):
+    """After the warm start, least squares fits the patch embedding to the shipped model's
+    tokens of the same images and proj_out to the flow-matching target: the loss on the
+    fitting batch falls, and the live and EMA copies get the same maps."""
+    warm_start(task, SHIPPED)
+    before = task.transformer.proj_out.weight.detach().clone()
+    fit = fit_latent_maps(task, SHIPPED, images=32)
+    assert 0 < fit["embedding_r2"] <= 1 and 0 < fit["output_r2"] <= 1, fit
+    assert fit["loss_after"] < fit["loss_before"], fit
+    assert not torch.equal(task.transformer.proj_out.weight, before)
+    for name in ("patch_embedding.weight", "proj_out.weight", "proj_out.bias"):
+        live = task.transformer.state_dict()[name]
+        assert torch.equal(live, task.ema_transformer.state_dict()[name]) and torch.isfinite(live).all()
+    # the fitted proj_out holds on new images (another seed): below the fresh map's loss
+    again = fit_latent_maps(task, SHIPPED, images=32, seed=1)
+    assert again["loss_before"] < fit["loss_before"], (fit, again)
+    with pytest.raises(ValueError, match="images=8"):
+        fit_latent_maps(task, SHIPPED, images=8)
+    with pytest.raises(ValueError, match="needs vae/"):
+        fit_latent_maps(task, SHIPPED / "transformer")
 
 
 def test_training_steps_reach_the_fresh_patch_embedding(task):
