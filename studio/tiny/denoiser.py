@@ -547,10 +547,12 @@ class LatentPool:
         return DenoiserBatch(captions, latents, refs, first_frame, objects)
 
 
-def _ridge(x: torch.Tensor, y: torch.Tensor, ridge: float) -> tuple[torch.Tensor, float]:
-    """Least squares ``y ~ [x, 1] @ w`` with a ridge ``ridge * mean(diag(x^T x))`` (float64):
-    ``w`` ((in + 1), out) and the fit's R^2 over every output."""
-    x1 = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], 1).double()
+def _ridge(x: torch.Tensor, y: torch.Tensor, ridge: float,
+           bias: bool = True) -> tuple[torch.Tensor, float]:
+    """Least squares ``y ~ [x, 1] @ w`` (``[x] @ w`` without ``bias``) with a ridge
+    ``ridge * mean(diag(x^T x))`` (float64): ``w`` ((in + 1), out) or (in, out), and the fit's
+    R^2 over every output."""
+    x1 = (torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], 1) if bias else x).double()
     gram = x1.T @ x1
     gram += ridge * gram.diagonal().mean() * torch.eye(len(gram), dtype=gram.dtype)
     w = torch.linalg.solve(gram, x1.T @ y.double())
@@ -581,7 +583,10 @@ def fit_latent_maps(task: DenoiserTask, folder, *, images: int = 384, seed: int 
        (the blocks then see inputs like those they were trained on);
     2. ``proj_out``, from the features the warm-started model computes on noisy new latents
        (x_t = (1 - s) x_0 + s e, s ~ sigmoid(N(0, 1)), the images' captions) to the
-       flow-matching target e - x_0.
+       flow-matching target e - x_0;
+    3. when its shape changed too, the reference encoder's patch embedding, as in 1 against
+       the exported reference encoder (so its tokens, aligned to the object's words, carry
+       over).
 
     Both are ridge regressions (closed form), written into the live and EMA copies. The
     idea is Net2Net's (Chen et al., ICLR 2016: start a changed network from a function of
@@ -594,9 +599,9 @@ def fit_latent_maps(task: DenoiserTask, folder, *, images: int = 384, seed: int 
         seed: the images, captions, noise and noise levels.
         ridge: the ridge, relative to the mean diagonal of the Gram matrix.
     Returns:
-        ``{"embedding_r2", "output_r2", "loss_before", "loss_after"}``: the fits' R^2 and
-        the flow-matching loss (mean squared error) on the fitting batch with ``proj_out``
-        as it was and as fitted.
+        ``{"embedding_r2", "output_r2", "loss_before", "loss_after"}`` (and
+        ``"reference_r2"`` when 3 ran): the fits' R^2 and the flow-matching loss (mean
+        squared error) on the fitting batch with ``proj_out`` as it was and as fitted.
     Raises:
         ValueError: ``images`` below 16, or ``folder`` lacks ``vae/`` or ``transformer/``.
     """
@@ -641,6 +646,25 @@ def fit_latent_maps(task: DenoiserTask, folder, *, images: int = 384, seed: int 
              "bias": w[-1]}
     for module in (task.transformer, task.ema_transformer):
         module.patch_embedding.load_state_dict({k: v.to(device) for k, v in embed.items()})
+    reference_r2 = None
+    ref_weights = folder / "reference_encoder" / "model.safetensors"
+    name = "embeddings.patch_embedding.weight"
+    live_ref = dict(task.reference_encoder.named_parameters())
+    ref_key = next((k for k in live_ref if k.endswith(name)), None)
+    if ref_weights.exists() and ref_key is not None:
+        w_ref = load_file(str(ref_weights)).get(name)
+        if w_ref is not None and w_ref.shape != live_ref[ref_key].shape:
+            # 3. the reference encoder's patches (no bias, as CLIP's): its tokens of a new
+            # reference latent match the exported encoder's of the old one
+            w_ref = w_ref.float().to(device)
+            old_ref = torch.nn.functional.conv2d(z_old[:, :, 0], w_ref, stride=w_ref.shape[-1])
+            rows = old_ref.flatten(2).transpose(1, 2).reshape(-1, w_ref.shape[0]).cpu()
+            q = live_ref[ref_key].shape[-1]
+            w, reference_r2 = _ridge(_patches(z_new, q, channels_last=False).cpu(), rows,
+                                     ridge, bias=False)
+            fitted = w.T.reshape(live_ref[ref_key].shape).to(device)
+            for module in (task.reference_encoder, task.ema_reference_encoder):
+                dict(module.named_parameters())[ref_key].copy_(fitted)
 
     features: list[torch.Tensor] = []
     hook = task.transformer.proj_out.register_forward_pre_hook(
@@ -666,5 +690,6 @@ def fit_latent_maps(task: DenoiserTask, folder, *, images: int = 384, seed: int 
         module.proj_out.load_state_dict({k: v.to(device) for k, v in out.items()})
     fitted = torch.cat([feats, torch.ones(len(feats), 1)], 1) @ w
     return {"embedding_r2": round(embedding_r2, 4), "output_r2": round(output_r2, 4),
+            **({} if reference_r2 is None else {"reference_r2": round(reference_r2, 4)}),
             "loss_before": round(sum(errors) / images, 4),
             "loss_after": round(float((fitted - targets).pow(2).mean()), 4)}

@@ -76,11 +76,17 @@ def test_fitted_latent_maps_start_the_moved_denoiser_below_its_fresh_loss(task):
     before = task.transformer.proj_out.weight.detach().clone()
     fit = fit_latent_maps(task, SHIPPED, images=32)
     assert 0 < fit["embedding_r2"] <= 1 and 0 < fit["output_r2"] <= 1, fit
+    assert 0 < fit["reference_r2"] <= 1, fit  # the reference encoder's patches changed too
     assert fit["loss_after"] < fit["loss_before"], fit
     assert not torch.equal(task.transformer.proj_out.weight, before)
     for name in ("patch_embedding.weight", "proj_out.weight", "proj_out.bias"):
         live = task.transformer.state_dict()[name]
         assert torch.equal(live, task.ema_transformer.state_dict()[name]) and torch.isfinite(live).all()
+    ref = next(v for k, v in task.reference_encoder.state_dict().items()
+               if k.endswith("embeddings.patch_embedding.weight"))
+    ema_ref = next(v for k, v in task.ema_reference_encoder.state_dict().items()
+                   if k.endswith("embeddings.patch_embedding.weight"))
+    assert ref.shape == (64, 8, 8, 8) and torch.equal(ref, ema_ref)
     # the fitted proj_out holds on new images (another seed): below the fresh map's loss
     again = fit_latent_maps(task, SHIPPED, images=32, seed=1)
     assert again["loss_before"] < fit["loss_before"], (fit, again)
