@@ -163,9 +163,7 @@ def _export_step(dest: Path, committed: Path) -> int | None:
     step = json.loads(meta_path.read_text()).get("training_step")
     if not isinstance(step, int) or step < 0:
         raise ValueError(f"dest={str(dest)!r}: studio.json has no training_step")
-    arch = committed / "vae" / ARCHITECTURE_FILE
-    wanted = json.loads(arch.read_text()).get("spatial_compression", SPATIAL) \
-        if arch.exists() else SPATIAL
+    wanted = vae_architecture(committed)["spatial_compression"]
     vae_config = dest / "vae" / "config.json"
     found = json.loads(vae_config.read_text()).get("scale_factor_spatial", SPATIAL) \
         if vae_config.exists() else SPATIAL
@@ -236,8 +234,7 @@ def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) 
         done["decoder"] = "none (the VAE's own decoder)"
     else:
         _copy_logs(committed / "decoder-w16", dec)
-        snapshot = decoder_snapshot
-        source = snapshot if snapshot.exists() else \
+        source = decoder_snapshot if decoder_snapshot.exists() else \
             dest / "vae" / "diffusion_pytorch_model.safetensors"
         encoder = load_file(str(vae_dir / "checkpoint" / "vae.safetensors"))
         merged = {k: v.contiguous() for k, v in encoder.items() if not k.startswith(DECODER_KEYS)}
@@ -249,7 +246,8 @@ def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) 
         (dec / "checkpoint").joinpath("state.json").write_text(
             state.read_text() if state.exists() else json.dumps({"step": 0, "elapsed_s": 0.0,
                                                                  "seed": 0}))
-        done["decoder"] = f"restored from {source.parent if source == snapshot else dest / 'vae'}"
+        done["decoder"] = ("restored from " + str(source.parent if source == decoder_snapshot
+                                                  else dest / "vae"))
     dit = out / "dit"  # the denoiser and text encoder: live = EMA
     if (dit / "checkpoint" / "state.json").exists():
         done["dit"] = "kept"
