@@ -332,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="vae: extra loss weight on object outlines (default 0)")
     parser.add_argument("--object-weight", type=float, default=0.0,
                         help="vae, decoder: extra loss weight on the scene's objects and a "
-                             "2-pixel ring around them (default 0)")
+                             "2-pixel ring around them; dit: W in the latent loss weight 1 + "
+                             "W * objects * (1 - noise level), objects on the latent grid "
+                             "widened by one latent pixel (default 0)")
     parser.add_argument("--spatial-compression", type=int, default=None, choices=[2, 4],
                         help="vae: pixels per latent pixel along a side of a new run (4: "
                              "16x16 latents, the shipped VAE; 2: 32x32, needs "
@@ -380,8 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--clip-share must be in [0, 1], got {args.clip_share}")
     if args.edge_weight < 0:
         parser.error(f"--edge-weight must be at least 0, got {args.edge_weight}")
-    if args.object_weight < 0:
-        parser.error(f"--object-weight must be at least 0, got {args.object_weight}")
+    if not 0 <= args.object_weight <= 100:
+        parser.error(f"--object-weight must be in [0, 100], got {args.object_weight}")
     if args.latent_channels is not None and not 1 <= args.latent_channels <= 64:
         parser.error(f"--latent-channels must be in [1, 64], got {args.latent_channels}")
     if args.init_denoiser is not None and args.stage != "dit":
@@ -545,7 +547,8 @@ def _denoiser_stage(args, out: Path, device, vae, stop) -> int:
                         reference_share=args.reference_share,
                         noise_level_mean=args.noise_level_mean,
                         reference_alignment=args.reference_alignment,
-                        reference_lr_scale=args.reference_lr_scale)
+                        reference_lr_scale=args.reference_lr_scale,
+                        object_weight=args.object_weight if args.stage == "dit" else 0.0)
     if args.stage == "dit":
         if args.init_denoiser is not None and not (out / "dit" / "checkpoint" /
                                                    "state.json").exists():

@@ -67,8 +67,12 @@ def test_reference_to_video_conditions_on_the_reference(runner):
     assert np.array_equal(outs[0], outs[2])  # deterministic
     assert np.abs(outs[0] - outs[1]).max() > 0  # the reference reaches the pixels
     spy.remove()
-    # the denoiser saw 3 video latent frames + 1 reference frame at timestep 0
-    assert seen and all(s[0][2] == 4 and s[1] == 0.0 for s in seen)
+    # the denoiser saw the clip's latent frames (3 with 4x temporal compression, 5 with 2x)
+    # plus 1 reference frame, at timestep 0
+    from studio.tiny.autoencoder import temporal_compression_of
+
+    latent_frames = (9 - 1) // temporal_compression_of(runner.pipes["t2v"].vae) + 1
+    assert seen and all(s[0][2] == latent_frames + 1 and s[1] == 0.0 for s in seen)
     assert not transformer._forward_pre_hooks and not transformer._forward_hooks
 
 
@@ -79,13 +83,18 @@ def test_reference_tokens_join_the_prompt_and_only_the_conditional_branch(tmp_pa
     import json
     import shutil
 
+    from diffusers import AutoencoderKLWan
+
     from studio.engine.models.registry import EMBEDDED_DIR
+    from studio.tiny.autoencoder import spatial_compression_of
     from studio.tiny.train import build_reference_encoder
 
     folder = tmp_path / "with-tokens"
     shutil.copytree(EMBEDDED_DIR / "tiny-wan", folder)
+    vae = AutoencoderKLWan.from_config(AutoencoderKLWan.load_config(folder / "vae"))
     torch.manual_seed(0)
-    build_reference_encoder().to(torch.float16).save_pretrained(folder / "refenc")
+    build_reference_encoder(spatial_compression_of(vae), vae.config.z_dim).to(
+        torch.float16).save_pretrained(folder / "refenc")
     meta = json.loads((folder / "studio.json").read_text())
     meta.pop("reference_tokens", None)
     (folder / "studio.json").write_text(json.dumps({**meta, "reference_tokens": "refenc"}))
@@ -104,7 +113,7 @@ def test_reference_tokens_join_the_prompt_and_only_the_conditional_branch(tmp_pa
         outs.append(runner.run(req, {ref(pixels).content_id: pixels}, lambda *x: None).frames)
     spy.remove()
     text_len = entry.call_kwargs["max_sequence_length"]
-    tokens = 1 + (16 // 4) ** 2
+    tokens = 1 + 4 ** 2  # a class token and 4 x 4 patches, whatever the VAE
     assert all(e.shape == (1, text_len + tokens, 64) for e in seen)
     cond, uncond = seen[0][0], seen[1][0]  # WanPipeline: conditional, then unconditional
     assert cond[text_len:].abs().sum() > 0 and uncond[text_len:].abs().sum() == 0

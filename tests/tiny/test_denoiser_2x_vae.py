@@ -192,3 +192,72 @@ def test_a_new_vae_run_restores_from_its_own_snapshot(tmp_path):
     got = load_file(str(tmp_path / "run" / "dit" / "checkpoint" / "transformer.safetensors"))
     assert all(torch.equal(got[k], v.float()) for k, v in weights.items())
     assert not (tmp_path / "run" / "decoder").exists()
+
+
+def test_object_weight_marks_the_objects_on_the_latent_grid_and_fades_with_noise(task,
+                                                                                monkeypatch):
+    import studio.tiny.denoiser as denoiser_module
+    from studio.tiny import world
+
+    with pytest.raises(ValueError, match="object_weight="):
+        DenoiserTask(torch.device("cpu"), None, object_weight=-1.0)
+    assert task.latent_coverage([], video=False) is None  # off by default
+    monkeypatch.setattr(task, "object_weight", 8.0)
+    rng = np.random.default_rng(3)
+    specs = [world.sample_scene(rng, video=False) for _ in range(3)]
+    cover = task.latent_coverage(specs, video=False)
+    assert cover.shape == (3, 1, 1, 32, 32) and cover.dtype == torch.float32
+    for spec, c in zip(specs, cover[:, 0, 0], strict=True):
+        pixels = torch.from_numpy(world.object_coverage(spec, None, 64, 64))
+        # every latent pixel encoding object pixels is marked at least as much; far ones are 0
+        assert (c >= torch.nn.functional.max_pool2d(pixels[None], 2)[0] - 1e-6).all()
+        assert 0 < (c > 0).float().mean() < 0.5
+    clips = [world.sample_scene(rng, video=True) for _ in range(2)]
+    cover = task.latent_coverage(clips, video=True)
+    assert cover.shape == (2, 1, 5, 32, 32)  # 9 frames -> 5 latent frames
+    pixels = torch.from_numpy(world.object_coverage(clips[0], 9, 64, 64))
+    for k, frames in enumerate(([0], [1, 2], [3, 4], [5, 6], [7, 8])):
+        want = torch.nn.functional.max_pool2d(pixels[frames].amax(0)[None], 2)[0]
+        assert (cover[0, 0, k] >= want - 1e-6).all()
+
+    # the loss weights: 1 on the background, 1 + W c (1 - s) on the objects
+    seen = {}
+
+    def spy(*args, **kwargs):
+        seen["s"], seen["weight"] = args[4], kwargs["latent_weight"]
+        return torch.zeros(())
+
+    monkeypatch.setattr(denoiser_module, "flow_matching_loss", spy)
+    batch = task.batch(np.random.default_rng(0))
+    assert batch.object_cover is not None and batch.object_cover.shape[-2:] == (32, 32)
+    task.loss(batch, torch.Generator().manual_seed(0))
+    s, c = seen["s"].view(-1, 1, 1, 1, 1), batch.object_cover
+    torch.testing.assert_close(seen["weight"], 1 + 8.0 * c * (1 - s))
+    assert (seen["weight"][c == 0] == 1).all()
+
+
+def test_the_latent_weight_makes_the_loss_a_weighted_mean():
+    from types import SimpleNamespace
+
+    from studio.tiny.denoiser import flow_matching_loss
+
+    class ZeroDenoiser(torch.nn.Module):  # predicts 0: the error is the target's square
+        config = SimpleNamespace(patch_size=(1, 2, 2))
+
+        def forward(self, hidden_states, timestep, encoder_hidden_states, return_dict):
+            return (torch.zeros_like(hidden_states),)
+
+    gen = torch.Generator().manual_seed(0)
+    x0, noise = torch.randn(2, 4, 3, 6, 6, generator=gen), torch.randn(2, 4, 3, 6, 6, generator=gen)
+    s, text = torch.tensor([0.3, 0.8]), torch.zeros(2, 5, 8)
+    target_sq = (noise - x0).pow(2)
+    plain = flow_matching_loss(ZeroDenoiser(), x0, text, noise, s)
+    torch.testing.assert_close(plain, target_sq.mean())
+    ones = flow_matching_loss(ZeroDenoiser(), x0, text, noise, s,
+                              latent_weight=torch.ones(2, 1, 3, 6, 6))
+    torch.testing.assert_close(ones, plain)
+    region = torch.zeros(2, 1, 3, 6, 6)
+    region[:, :, :, 1:3, 2:5] = 1
+    heavy = flow_matching_loss(ZeroDenoiser(), x0, text, noise, s,
+                               latent_weight=1e-9 + region)
+    torch.testing.assert_close(heavy, target_sq[:, :, :, 1:3, 2:5].mean(), rtol=1e-5, atol=1e-6)

@@ -79,7 +79,10 @@ def test_batches_cover_every_step_kind():
     task = DenoiserTask.__new__(DenoiserTask)
     task.image_batch, task.clip_batch = 2, 2
     for i in range(30):
-        captions, pixels, refs, first, objects = task.batch(np.random.default_rng(i))
+        batch = task.batch(np.random.default_rng(i))
+        pixels, refs, first, objects = (batch.pixels, batch.refs, batch.first_frame,
+                                        batch.ref_objects)
+        assert batch.object_cover is None  # no object weight: no coverage computed
         assert (objects is None) == (refs is None)
         task_kinds.add("image" if pixels.ndim == 4 else "reference" if refs is not None
                        else "i2v" if first.any() else "clip")
