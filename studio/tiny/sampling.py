@@ -56,11 +56,13 @@ def adherence_report(pipe, *, n: int = 32, steps: int = 20, seed: int = 0,
 
 
 def export_pipeline(task, dest: Path, step: int | None = None,
-                    total_steps: int | None = None) -> Path:
+                    total_steps: int | None = None,
+                    eval_log: str = "training/tiny/dit/eval_log.jsonl") -> Path:
     """Saves the EMA weights as a diffusers folder (fp16 safetensors; the reference encoder,
     when the task has one, in ``reference_encoder/``, named by ``reference_tokens``) plus
     ``studio.json``
-    (whose description names the training step, when given), replacing ``dest`` whole.
+    (whose description names the training step, when given, and ``eval_log``, the committed
+    eval lines of the run), replacing ``dest`` whole.
     The step cache calibration in ``studio.json`` belongs to the old weights and is dropped:
     run ``python -m bench calibrate --write`` after exporting."""
     pipe = task.pipeline(ema=True)
@@ -80,7 +82,7 @@ def export_pipeline(task, dest: Path, step: int | None = None,
 
     trained = "" if step is None else (
         f" Weights of training step {step}" + (f" of {total_steps}" if total_steps else "")
-        + "; adherence per attribute in training/tiny/dit/eval_log.jsonl.")
+        + f"; adherence per attribute in {eval_log}.")
     (tmp / "studio.json").write_text(json.dumps({
         "description": "The embedded model: a tiny Wan-architecture model trained on the "
                        "synthetic world of studio/tiny/world.py (python -m studio.tiny.train)."

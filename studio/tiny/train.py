@@ -303,9 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-every", type=float, default=300.0, help="seconds")
     parser.add_argument("--dest", default="assets/models/tiny-wan", help="export folder")
     parser.add_argument("--committed", default="training/tiny",
-                        help="snapshot, restore: the repository folder of the run's committed "
-                             "parts (vae/, dit/, decoder-w16/); training/tiny/v3 for the "
-                             "2x-VAE run")
+                        help="snapshot, restore, export: the repository folder of the run's "
+                             "committed parts (vae/, dit/, decoder-w16/); training/tiny/v3 "
+                             "for the 2x-VAE run")
     parser.add_argument("--decoder-base-dim", type=int, default=None,
                         help="decoder: train a decoder this wide from scratch (default: keep "
                              "the VAE's width and start from its decoder)")
@@ -576,7 +576,8 @@ def _denoiser_stage(args, out: Path, device, vae, stop) -> int:
     from studio.tiny.sampling import export_pipeline
 
     print(export_pipeline(task, Path(args.dest), step=state["step"],
-                          total_steps=args.total_steps or 30000))
+                          total_steps=args.total_steps or 30000,
+                          eval_log=f"{Path(args.committed).as_posix()}/dit/eval_log.jsonl"))
     return 0
 
 
