@@ -129,7 +129,12 @@ def test_vae_run_measures_a_training_runs_vae(tmp_path, capsys):
         save_model(vae, str(run / stage / "checkpoint" / "vae.safetensors"))
     (run / "vae" / "checkpoint" / "state.json").write_text('{"step": 7}')
     (run / "decoder" / "checkpoint" / "state.json").write_text('{"step": 3}')
-    (run / "vae" / "architecture.json").write_text('{"temporal_compression": 4}')
+    from studio.tiny.autoencoder import spatial_compression_of, temporal_compression_of
+
+    (run / "vae" / "architecture.json").write_text(json.dumps({
+        "temporal_compression": temporal_compression_of(vae),
+        "spatial_compression": spatial_compression_of(vae),
+        "latent_channels": vae.config.z_dim}))
     out = tmp_path / "ceiling.json"
     assert report.main(["--vae-run", str(run), "--prompts", "4", "--out", str(out)]) == 0
     result = json.loads(out.read_text())

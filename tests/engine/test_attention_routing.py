@@ -15,6 +15,7 @@ from diffusers import DiffusionPipeline, WanPipeline, WanTransformer3DModel
 from studio.engine.attention import AttentionConfig, apply_attention, remove_attention
 from studio.engine.models.registry import DEFAULT_EMBEDDED, EMBEDDED_DIR
 from studio.engine.pipelines.base import derive_pipeline
+from studio.engine.pipelines.wan import fit_token_timesteps
 from studio.kernels.attention import op as flash_op
 from studio.kernels.sage_attention import op as sage_op
 
@@ -103,6 +104,7 @@ def test_embedded_model_steps_through_interpreted_kernels_match_sdpa():
     base = DiffusionPipeline.from_pretrained(EMBEDDED_DIR / DEFAULT_EMBEDDED,
                                              local_files_only=True)
     pipe = derive_pipeline(WanPipeline, base, expand_timesteps=base.config.expand_timesteps)
+    fit_token_timesteps(pipe.transformer)  # as the Wan runner does (a no-op for patch 2)
 
     def run():
         return pipe("a small red star on a grass background", height=64, width=64,
