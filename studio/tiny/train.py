@@ -314,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
                              "use <out>/decoder; train a candidate elsewhere, then rename it)")
     parser.add_argument("--motion-weight", type=float, default=0.0,
                         help="decoder: extra loss weight on pixels that change between clip "
-                             "frames (default 0)")
+                             "frames; dit: M in the extra latent loss weight M * |objects in "
+                             "frame k - objects in frame 0| * (1 - noise level) (default 0)")
     parser.add_argument("--adversarial-weight", type=float, default=0.0,
                         help="decoder: add a patch discriminator, its term scaled by this "
                              "times VQGAN's adaptive weight (default 0: pixel losses only)")
@@ -352,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference-share", type=float, default=0.18,
                         help="dit: share of steps on reference-to-video clips (default 0.18; "
                              "images and clips share the rest 45 : 37)")
+    parser.add_argument("--image-share", type=float, default=None,
+                        help="dit: share of steps on images (the rest after references and "
+                             "images are clips; default: 45 : 37 of the rest)")
     parser.add_argument("--noise-level-mean", type=float, default=0.0,
                         help="dit: location of the logit-normal noise-level draw (0: s "
                              "centred on 0.5; 1: more high-noise steps)")
@@ -376,8 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.decoder_dir or "/" in args.decoder_dir or "\\" in args.decoder_dir or \
             args.decoder_dir in (".", ".."):
         parser.error(f"--decoder-dir must be a plain folder name, got {args.decoder_dir!r}")
-    if args.motion_weight < 0:
-        parser.error(f"--motion-weight must be at least 0, got {args.motion_weight}")
+    if not 0 <= args.motion_weight <= 100:
+        parser.error(f"--motion-weight must be in [0, 100], got {args.motion_weight}")
     if not 0 <= args.clip_share <= 1:
         parser.error(f"--clip-share must be in [0, 1], got {args.clip_share}")
     if args.edge_weight < 0:
@@ -395,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--init-from applies to the vae stage only")
     if not 0 <= args.reference_share < 1:
         parser.error(f"--reference-share must be in [0, 1), got {args.reference_share}")
+    if args.image_share is not None and not 0 <= args.image_share < 1 - args.reference_share:
+        parser.error(f"--image-share must be in [0, 1 - --reference-share = "
+                     f"{1 - args.reference_share:g}), got {args.image_share}")
     if not 0 <= args.reference_alignment <= 10:
         parser.error(f"--reference-alignment must be in [0, 10], got {args.reference_alignment}")
     if not 0 < args.reference_lr_scale <= 100:
@@ -548,8 +555,11 @@ def _denoiser_stage(args, out: Path, device, vae, stop) -> int:
                         noise_level_mean=args.noise_level_mean,
                         reference_alignment=args.reference_alignment,
                         reference_lr_scale=args.reference_lr_scale,
-                        object_weight=args.object_weight if args.stage == "dit" else 0.0)
+                        object_weight=args.object_weight if args.stage == "dit" else 0.0,
+                        motion_weight=args.motion_weight if args.stage == "dit" else 0.0,
+                        image_share=args.image_share)
     if args.stage == "dit":
+        task.eval_modes = ("t2i", "t2v")  # motion is only seen in clips
         if args.init_denoiser is not None and not (out / "dit" / "checkpoint" /
                                                    "state.json").exists():
             try:

@@ -98,6 +98,10 @@ def test_reference_share_sets_the_step_mix():
             step_mix(bad)
         with pytest.raises(ValueError, match="reference_share="):  # before building anything
             DenoiserTask(torch.device("cpu"), None, reference_share=bad)
+    assert step_mix(0.3, 0.2) == pytest.approx({"image": 0.2, "clip": 0.5, "reference": 0.3})
+    for bad in (-0.1, 0.7):
+        with pytest.raises(ValueError, match="image_share="):
+            step_mix(0.3, bad)
     task = DenoiserTask.__new__(DenoiserTask)
     task.image_batch, task.clip_batch = 1, 1
     task.step_kinds = step_mix(0.5)
@@ -277,6 +281,8 @@ def test_wider_decoder_trains_on_the_frozen_encoder_and_is_loaded_after(tmp_path
     (["decoder", "--adversarial-weight", "-1"], "--adversarial-weight must be in [0, 10]"),
     (["decoder", "--init-decoder"], "--init-decoder needs --decoder-dir other than"),
     (["dit", "--reference-share", "1"], "--reference-share must be in [0, 1)"),
+    (["dit", "--reference-share", "0.3", "--image-share", "0.8"], "--image-share must be in"),
+    (["dit", "--object-weight", "101"], "--object-weight must be in [0, 100]"),
     (["dit", "--gradient-tilt", "1.5"], "--gradient-tilt must be in [0, 1]"),
     (["vae", "--clip-share", "1.5"], "--clip-share must be in [0, 1]"),
     (["vae", "--edge-weight", "-1"], "--edge-weight must be at least 0"),
