@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--motion-weight", type=float, default=0.0,
                         help="decoder: extra loss weight on pixels that change between clip "
                              "frames; dit: M in the extra latent loss weight M * |objects in "
-                             "frame k - objects in frame 0| * (1 - noise level) (default 0)")
+                             "frame k - objects in frame 0| (default 0)")
     parser.add_argument("--adversarial-weight", type=float, default=0.0,
                         help="decoder: add a patch discriminator, its term scaled by this "
                              "times VQGAN's adaptive weight (default 0: pixel losses only)")
