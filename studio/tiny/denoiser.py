@@ -249,7 +249,8 @@ class DenoiserTask(TrainTask):
     ``noise_level_mean``, 0 by default, > 0 weighs the high noise levels where sampling
     decides the composition more), target
     e - x_0, timestep s * 1000: exactly what ``FlowMatchEulerDiscreteScheduler`` integrates.
-    Step kinds: images (one latent frame), clips (three latent frames; 40 % of them
+    Step kinds: images (one latent frame), clips (9 frames: 3 latent frames with the 4x
+    VAE, 5 with the 2x; 40 % of them
     image-to-video: the first latent frame clean with timestep 0, as Wan 2.2 TI2V's
     ``expand_timesteps``), and reference-to-video clips (a clean reference latent frame
     appended after the clip, timestep 0, the caption without colour and shape, 70 % of the
