@@ -275,8 +275,10 @@ class DenoiserTask(TrainTask):
     that leaves the object still is wrong (the 2x-VAE denoiser at step 3527 did: t2v motion
     12.5 %, chance 17 %). It does not fade with noise: the direction is decided at high
     noise, where the world's small motion (0.18 of the frame over a clip) costs a still
-    guess least; there the weight's bias pushes toward more motion, the error to correct
-    (faded by ``1 - s`` it moved t2v motion nothing in 600 steps).
+    guess least; there the weight's bias pushes toward more motion, the error to correct.
+    Measured (training/README.md, session 28): neither form, nor clip-only steps with M = 30,
+    made the 2x-VAE denoiser's prediction depend on its motion words
+    (``scripts/probe_motion_words.py``) in 2,500 steps.
 
     Reference clips also get the reference's tokens from a small image encoder
     (:func:`build_reference_encoder`, trained with the denoiser, module
