@@ -192,7 +192,9 @@ def test_latent_pool_batches_are_latents_of_every_kind():
                       max_images=70, max_clips=18)
     kinds = set()
     for i in range(12):
-        captions, latents, refs, first, objects = pool.batch(np.random.default_rng(i))
+        batch = pool.batch(np.random.default_rng(i))
+        captions, latents, refs, first, objects = batch[:5]
+        assert batch.object_cover is None  # no object or motion weight: none computed
         assert (objects is None) == (refs is None)
         assert torch.is_tensor(latents) and latents.shape[1:2] == (8,)
         assert latents.shape[2] == (1 if len(captions) == 4 else 3)
