@@ -233,6 +233,7 @@ def build_cases(tmp: Path, only: set[str] | None,
     from diffusers import DiffusionPipeline, FluxPipeline, WanPipeline
 
     from studio.engine.pipelines.base import derive_pipeline
+    from studio.engine.pipelines.wan import fit_token_timesteps
     from studio.testing.tiny_pipelines import build_tiny_flux, build_tiny_wan
 
     cases = []
@@ -243,6 +244,7 @@ def build_cases(tmp: Path, only: set[str] | None,
         config = {k: base.config.get(k) for k in ("expand_timesteps",) if k in base.config}
         pipe = derive_pipeline(WanPipeline, base, **config)
         pipe.set_progress_bar_config(disable=True)
+        fit_token_timesteps(pipe.transformer)  # as the Wan runner does (patch 4 on a 2x VAE)
         studio = json.loads((EMBEDDED / "studio.json").read_text())
         text_len = studio.get("call_kwargs", {}).get("max_sequence_length")
         guidance = float(studio.get("capabilities", {}).get("default_guidance", 5.0))

@@ -35,6 +35,7 @@ def main(argv: list[str]) -> int:
 
     from studio.engine.memory import module_bytes
     from studio.engine.pipelines.base import derive_pipeline
+    from studio.engine.pipelines.wan import fit_token_timesteps
     from studio.engine.precision import PRECISIONS, apply_precision, precision_supported
 
     ap = argparse.ArgumentParser(prog="python -m bench precision")
@@ -60,6 +61,7 @@ def main(argv: list[str]) -> int:
         note = apply_precision(transformer, precision, device)
         base.transformer = transformer
         pipe = derive_pipeline(WanPipeline, base, expand_timesteps=base.config.expand_timesteps)
+        fit_token_timesteps(transformer)  # as the Wan runner does (patch 4 on a 2x VAE)
         pipe.set_progress_bar_config(disable=True)
         for mode, frames in (("t2i", 1), ("t2v", 9)):
             def run(pipe=pipe, frames=frames):

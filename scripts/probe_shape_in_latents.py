@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     pipe = WanPipeline.from_pretrained(args.model)
     pipe.set_progress_bar_config(disable=True)
+    from studio.engine.pipelines.wan import fit_token_timesteps
+
+    fit_token_timesteps(pipe.transformer)  # as the Wan runner does (patch 4 on a 2x VAE)
     latents_mean = torch.tensor(pipe.vae.config.latents_mean).view(1, -1, 1, 1)
     latents_std = torch.tensor(pipe.vae.config.latents_std).view(1, -1, 1, 1)
     for split in ("train", "eval"):

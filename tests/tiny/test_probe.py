@@ -24,9 +24,11 @@ def test_probe_sees_what_the_shipped_denoiser_uses(probe):
                                                                 "first_frame"))
     assert set(report) == {"caption", "colour", "first_frame"}
     # the trained denoiser follows the caption and its colour word, and copies the first frame
+    # (the 2x-VAE weights of step 7542: caption 1.04, colour 0.74, first frame 0.31 -- one
+    # latent frame of five given clean, where the 4x-VAE weights had one of three and read 2.8)
     assert report["caption"]["relative_increase"] > 0.05, report
     assert report["colour"]["relative_increase"] > 0.02, report
-    assert report["first_frame"]["relative_increase"] > 0.5, report
+    assert report["first_frame"]["relative_increase"] > 0.15, report
     assert all(r["loss"] > 0 for r in report.values())
 
 
