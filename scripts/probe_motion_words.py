@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clips", type=int, default=16)
     parser.add_argument("--noise-levels", default="0.98,0.9,0.75,0.5")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--motion-distance", type=float, default=None,
+                        help="render the clips with this travel (world.MOTION_DISTANCE; for "
+                             "a denoiser trained with train dit --motion-distance)")
     args = parser.parse_args(argv)
     try:
         levels = [float(x) for x in args.noise_levels.split(",")]
@@ -67,12 +70,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--noise-levels must each be in (0, 1], got {args.noise_levels}")
     if not 2 <= args.clips <= 256:
         parser.error(f"--clips must be in [2, 256], got {args.clips}")
+    if args.motion_distance is not None and not 0 <= args.motion_distance <= 0.5:
+        parser.error(f"--motion-distance must be in [0, 0.5], got {args.motion_distance}")
     torch.set_num_threads(args.threads)
 
     from studio.tiny import world
     from studio.tiny.autoencoder import CLIP_FRAMES, SIZE
     from studio.tiny.probe import DenoiserProbe
 
+    if args.motion_distance is not None:
+        world.MOTION_DISTANCE = args.motion_distance  # this process only
     try:
         probe = DenoiserProbe(args.model)
     except ValueError as exc:

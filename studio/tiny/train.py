@@ -363,6 +363,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="dit: train on a world whose sky gradients put this share of "
                              "their change down the height (world.GRADIENT_TILT, 0.6; lower "
                              "gives columns the stronger cue)")
+    parser.add_argument("--motion-distance", type=float, default=None,
+                        help="dit: train (and write eval lines) on a world whose moving "
+                             "objects travel this fraction of the width or height over a clip "
+                             "(world.MOTION_DISTANCE, 0.18; an experiment)")
     parser.add_argument("--reference-alignment", type=float, default=0.0,
                         help="dit: weight of the loss pulling the first two reference tokens "
                              "onto the text embeddings of the object's colour and shape words "
@@ -408,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--reference-lr-scale must be in (0, 100], got {args.reference_lr_scale}")
     if args.gradient_tilt is not None and not 0 <= args.gradient_tilt <= 1:
         parser.error(f"--gradient-tilt must be in [0, 1], got {args.gradient_tilt}")
+    if args.motion_distance is not None and not 0 <= args.motion_distance <= 0.5:
+        parser.error(f"--motion-distance must be in [0, 0.5], got {args.motion_distance}")
     if args.lr is not None and not 0 < args.lr <= 0.1:
         parser.error(f"--lr must be in (0, 0.1], got {args.lr}")
     if not 0 <= args.adversarial_weight <= 10:
@@ -512,9 +518,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage == "align-reference":
         return _align_reference_stage(args, out, device, vae, stop)
     tilt = args.gradient_tilt if args.stage == "dit" else None
-    with world.gradient_tilt(world.GRADIENT_TILT if tilt is None else tilt):
+    distance = args.motion_distance if args.stage == "dit" else None
+    with world.gradient_tilt(world.GRADIENT_TILT if tilt is None else tilt), \
+            world.motion_distance(world.MOTION_DISTANCE if distance is None else distance):
         if tilt is not None:
             print(f"[dit] world.GRADIENT_TILT = {tilt}", file=sys.stderr, flush=True)
+        if distance is not None:
+            print(f"[dit] world.MOTION_DISTANCE = {distance}", file=sys.stderr, flush=True)
         return _denoiser_stage(args, out, device, vae, stop)
 
 

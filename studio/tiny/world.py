@@ -423,6 +423,25 @@ def gradient_tilt(tilt: float) -> Iterator[None]:
         GRADIENT_TILT = before
 
 
+@contextlib.contextmanager
+def motion_distance(distance: float) -> Iterator[None]:
+    """Render clips with ``MOTION_DISTANCE = distance`` inside the block (a training
+    experiment: a longer travel makes the motion word's effect on each latent frame larger),
+    restored after. Scenes sampled inside keep two objects apart over the longer travel.
+
+    Raises:
+        ValueError: ``distance`` outside [0, 0.5] (fractions of the width or height).
+    """
+    global MOTION_DISTANCE
+    if not 0.0 <= distance <= 0.5:
+        raise ValueError(f"motion distance {distance}: must be in [0, 0.5]")
+    before, MOTION_DISTANCE = MOTION_DISTANCE, distance
+    try:
+        yield
+    finally:
+        MOTION_DISTANCE = before
+
+
 def _gradient(top: tuple[int, int, int], bottom: tuple[int, int, int], height: int,
               width: int) -> np.ndarray:
     """float32 ``(height, width, 3)``: ``top`` at the top-left corner, ``bottom`` at the

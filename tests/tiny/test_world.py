@@ -274,3 +274,31 @@ def test_gradient_tilt_turns_the_sky_gradient_for_the_block_only():
         with w.gradient_tilt(1.2):
             pass
     assert w.GRADIENT_TILT == before
+
+
+def test_motion_distance_lengthens_the_travel_for_the_block_only():
+    """Inside ``motion_distance(0.36)`` a clip's object travels twice as far, and the
+    evaluator reads that travel from the pixels; after the block the world's distance is
+    back, and a distance outside [0, 0.5] is refused."""
+    from studio.tiny import evaluate
+
+    before = w.MOTION_DISTANCE
+    spec = w.SceneSpec(background="white", objects=(
+        w.ObjectSpec("red", "circle", "small", "center", "right"),), video=True)
+
+    def travel() -> float:
+        clip = w.render_clip(spec, 9, 64, 64, np.random.default_rng(0))
+        (obj,) = evaluate.analyze_clip(clip).objects
+        assert obj.motion == "right"
+        return obj.motion_features[0]
+
+    normal = travel()
+    with w.motion_distance(2 * before):
+        assert w.MOTION_DISTANCE == 2 * before
+        longer = travel()
+    assert w.MOTION_DISTANCE == before
+    assert longer == pytest.approx(2 * normal, rel=0.15)
+    with pytest.raises(ValueError, match="motion distance"):
+        with w.motion_distance(0.6):
+            pass
+    assert w.MOTION_DISTANCE == before
