@@ -242,6 +242,43 @@ def alignment_error(tokens: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (tokens - target).pow(2).mean() / target.pow(2).mean().clamp_min(1e-8)
 
 
+#: Latent frames the frame-awareness head can name (17 frames on the 2x VAE: 9, plus an
+#: appended reference frame).
+MAX_TOKEN_FRAMES = 16
+
+
+def frame_awareness_loss(head: torch.nn.Module, hidden: torch.Tensor,
+                         frames: int) -> tuple[torch.Tensor, float]:
+    """Cross-entropy of a linear read-out of each token's frame index from a block's output.
+
+    An auxiliary training loss (the head is not part of the exported model), in the spirit of
+    REPA's hidden-state targets (Yu et al. 2024, "Representation Alignment for Generation"):
+    Wan's 3D rotary embedding gives attention relative offsets only, so a token learns which
+    latent frame it is in only from the clip's ends, and the 2x-VAE denoiser (5 latent
+    frames) read it 0.79 of the time by its last block on pure noise (a linear probe of each
+    block's tokens, training/README.md, session 28); a motion word can only move the object
+    in tokens that know how late they are.
+
+    Args:
+        head: maps (..., D) to (..., K) logits, K >= ``frames``.
+        hidden: (B, N, D) tokens of one block, frame-major (N = frames * tokens per frame),
+            the layout of Wan's flattened patches.
+        frames: token frames in the sequence (latent frames, an appended reference included).
+    Returns:
+        (the mean cross-entropy, a 0-dim tensor; the share of tokens whose arg-max is right).
+    Raises:
+        ValueError: N not a multiple of ``frames``.
+    """
+    b, n, _ = hidden.shape
+    if frames < 1 or n % frames:
+        raise ValueError(f"frames={frames}: must divide the {n} tokens")
+    labels = torch.arange(frames, device=hidden.device).repeat_interleave(n // frames)
+    logits = head(hidden.float())  # (B, N, K)
+    loss = torch.nn.functional.cross_entropy(logits.reshape(b * n, -1), labels.repeat(b))
+    accuracy = float((logits.argmax(-1) == labels).float().mean())
+    return loss, accuracy
+
+
 class DenoiserTask(TrainTask):
     """Flow matching (rectified flow) of the Wan denoiser and the text encoder on VAE latents.
 
@@ -288,9 +325,13 @@ class DenoiserTask(TrainTask):
     clip's reference), while it reads colour and shape from cross-attention tokens well; Wan
     2.1 I2V likewise gives its image both as latents and as CLIP tokens. The module was added
     at step 20038 and is optional in older checkpoints (it starts fresh).
+
+    ``frame_awareness`` F > 0 adds, on clip steps, F times :func:`frame_awareness_loss` of a
+    linear head (module ``frame_head``, trained, not exported) reading each token's latent
+    frame from the output of block ``frame_awareness_block``.
     """
 
-    optional_modules = frozenset({"reference_encoder", "ema_reference_encoder"})
+    optional_modules = frozenset({"reference_encoder", "ema_reference_encoder", "frame_head"})
     step_kinds = step_mix()  # the default mix; an instance's comes from reference_share
 
     def __init__(self, device: torch.device, vae, *, image_batch: int = 48,
@@ -298,7 +339,8 @@ class DenoiserTask(TrainTask):
                  reference_share: float = 0.18, noise_level_mean: float = 0.0,
                  reference_alignment: float = 0.0, reference_lr_scale: float = 1.0,
                  object_weight: float = 0.0, motion_weight: float = 0.0,
-                 image_share: float | None = None):
+                 image_share: float | None = None, frame_awareness: float = 0.0,
+                 frame_awareness_block: int = 1):
         import copy
 
         step_kinds = step_mix(reference_share, image_share)  # bad input fails before building
@@ -312,6 +354,11 @@ class DenoiserTask(TrainTask):
             if not 0.0 <= value <= 100.0:
                 raise ValueError(f"{name}={value}: must be in [0, 100]")
         self.object_weight, self.motion_weight = object_weight, motion_weight
+        if not 0.0 <= frame_awareness <= 10.0:
+            raise ValueError(f"frame_awareness={frame_awareness}: must be in [0, 10]")
+        if not 0 <= frame_awareness_block < 6:
+            raise ValueError(f"frame_awareness_block={frame_awareness_block}: must be in [0, 5]")
+        self.frame_awareness, self.frame_awareness_block = frame_awareness, frame_awareness_block
         self.eval_modes = ("t2i",)  # each checkpoint's eval line; the dit stage adds "t2v"
         self.noise_level_mean = noise_level_mean
         self.reference_alignment, self.reference_lr_scale = reference_alignment, reference_lr_scale
@@ -325,16 +372,24 @@ class DenoiserTask(TrainTask):
         self.ema_transformer = copy.deepcopy(self.transformer).requires_grad_(False)
         self.reference_encoder = build_reference_encoder(spatial, channels).to(device)
         self.ema_reference_encoder = copy.deepcopy(self.reference_encoder).requires_grad_(False)
+        self.frame_head = None
+        if frame_awareness > 0:
+            dim = self.transformer.config.num_attention_heads * \
+                self.transformer.config.attention_head_dim
+            self.frame_head = torch.nn.Linear(dim, MAX_TOKEN_FRAMES).to(device)
         self.image_batch, self.clip_batch, self.ema_decay = image_batch, clip_batch, ema_decay
         self.step_kinds = step_kinds
         self.latents_mean, self.latents_std = self.latent_stats()
         self.pool = LatentPool(self) if pool else None
 
     def modules(self):
-        return {"text_encoder": self.text_encoder, "transformer": self.transformer,
-                "reference_encoder": self.reference_encoder,
-                "ema_text_encoder": self.ema_text, "ema_transformer": self.ema_transformer,
-                "ema_reference_encoder": self.ema_reference_encoder}
+        modules = {"text_encoder": self.text_encoder, "transformer": self.transformer,
+                   "reference_encoder": self.reference_encoder,
+                   "ema_text_encoder": self.ema_text, "ema_transformer": self.ema_transformer,
+                   "ema_reference_encoder": self.ema_reference_encoder}
+        if getattr(self, "frame_head", None) is not None:
+            modules["frame_head"] = self.frame_head
+        return modules
 
     def lr_scales(self) -> dict[str, float]:
         return {"reference_encoder": getattr(self, "reference_lr_scale", 1.0)}
@@ -438,9 +493,24 @@ class DenoiserTask(TrainTask):
             latent_weight = 1 + self.object_weight * cover * (1 - s).view(b, 1, 1, 1, 1)
             if getattr(self, "motion_weight", 0.0) and cover.shape[2] > 1:
                 latent_weight = latent_weight + self.motion_weight * (cover - cover[:, :, :1]).abs()
-        loss = flow_matching_loss(self.transformer, x0, text, noise, s,
-                                  first_frame=first, reference=ref, latent_weight=latent_weight)
+        head = getattr(self, "frame_head", None)
+        captured = []
+        hook = None
+        if head is not None and x0.shape[2] > 1:
+            block = self.transformer.blocks[self.frame_awareness_block]
+            hook = block.register_forward_hook(lambda _m, _a, out: captured.append(out))
+        try:
+            loss = flow_matching_loss(self.transformer, x0, text, noise, s, first_frame=first,
+                                      reference=ref, latent_weight=latent_weight)
+        finally:
+            if hook is not None:
+                hook.remove()
         metrics = {}
+        if captured:
+            frames = x0.shape[2] + (1 if ref is not None else 0)
+            aware, accuracy = frame_awareness_loss(head, captured[0], frames)
+            loss = loss + self.frame_awareness * aware
+            metrics["frame_ce"], metrics["frame_acc"] = float(aware.detach()), accuracy
         if ref is not None and getattr(self, "reference_alignment", 0.0) > 0:
             if ref_objects is None:
                 raise ValueError("reference_alignment needs the batch's ref_objects")

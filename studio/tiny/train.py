@@ -367,6 +367,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="dit: train (and write eval lines) on a world whose moving "
                              "objects travel this fraction of the width or height over a clip "
                              "(world.MOTION_DISTANCE, 0.18; an experiment)")
+    parser.add_argument("--frame-awareness", type=float, default=0.0,
+                        help="dit: weight of an auxiliary loss reading each token's latent "
+                             "frame from block --frame-awareness-block's output through a "
+                             "linear head (not exported; default 0: off)")
+    parser.add_argument("--frame-awareness-block", type=int, default=1,
+                        help="dit: the block whose output the frame head reads (0-5; default 1)")
     parser.add_argument("--reference-alignment", type=float, default=0.0,
                         help="dit: weight of the loss pulling the first two reference tokens "
                              "onto the text embeddings of the object's colour and shape words "
@@ -412,6 +418,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--reference-lr-scale must be in (0, 100], got {args.reference_lr_scale}")
     if args.gradient_tilt is not None and not 0 <= args.gradient_tilt <= 1:
         parser.error(f"--gradient-tilt must be in [0, 1], got {args.gradient_tilt}")
+    if not 0 <= args.frame_awareness <= 10:
+        parser.error(f"--frame-awareness must be in [0, 10], got {args.frame_awareness}")
+    if not 0 <= args.frame_awareness_block <= 5:
+        parser.error(f"--frame-awareness-block must be in [0, 5], got "
+                     f"{args.frame_awareness_block}")
     if args.motion_distance is not None and not 0 <= args.motion_distance <= 0.5:
         parser.error(f"--motion-distance must be in [0, 0.5], got {args.motion_distance}")
     if args.lr is not None and not 0 < args.lr <= 0.1:
@@ -567,7 +578,9 @@ def _denoiser_stage(args, out: Path, device, vae, stop) -> int:
                         reference_lr_scale=args.reference_lr_scale,
                         object_weight=args.object_weight if args.stage == "dit" else 0.0,
                         motion_weight=args.motion_weight if args.stage == "dit" else 0.0,
-                        image_share=args.image_share)
+                        image_share=args.image_share,
+                        frame_awareness=args.frame_awareness if args.stage == "dit" else 0.0,
+                        frame_awareness_block=args.frame_awareness_block)
     if args.stage == "dit":
         task.eval_modes = ("t2i", "t2v")  # motion is only seen in clips
         if args.init_denoiser is not None and not (out / "dit" / "checkpoint" /

@@ -274,3 +274,90 @@ def test_the_latent_weight_makes_the_loss_a_weighted_mean():
     heavy = flow_matching_loss(ZeroDenoiser(), x0, text, noise, s,
                                latent_weight=1e-9 + region)
     torch.testing.assert_close(heavy, target_sq[:, :, :, 1:3, 2:5].mean(), rtol=1e-5, atol=1e-6)
+
+
+def test_frame_awareness_loss_reads_each_tokens_frame_and_can_fail():
+    from studio.tiny.denoiser import MAX_TOKEN_FRAMES, frame_awareness_loss
+
+    frames, per_frame, dim = 5, 6, 32
+    head = torch.nn.Linear(dim, MAX_TOKEN_FRAMES)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        head.weight[:frames, :frames] = 20 * torch.eye(frames)
+    # tokens that carry a one-hot code of their frame in their first channels (frame-major)
+    hidden = torch.zeros(2, frames * per_frame, dim)
+    for k in range(frames):
+        hidden[:, k * per_frame:(k + 1) * per_frame, k] = 1.0
+    loss, accuracy = frame_awareness_loss(head, hidden, frames)
+    assert accuracy == 1.0 and float(loss) < 1e-3
+    # the same code in the wrong order: every frame but the middle one is misread
+    shuffled = hidden.flip(1)
+    loss, accuracy = frame_awareness_loss(head, shuffled, frames)
+    assert accuracy == pytest.approx(1 / frames) and float(loss) > 5
+    # tokens that hold nothing: chance over the head's classes
+    loss, _ = frame_awareness_loss(head, torch.zeros_like(hidden), frames)
+    assert float(loss) == pytest.approx(np.log(MAX_TOKEN_FRAMES), rel=1e-5)
+    with pytest.raises(ValueError, match="frames=4"):
+        frame_awareness_loss(head, hidden, 4)
+
+
+def test_frame_awareness_trains_a_head_on_clip_steps_only(monkeypatch):
+    import studio.tiny.denoiser as denoiser_module
+
+    torch.manual_seed(0)
+    vae = build_vae(spatial_compression=2, temporal_compression=2)
+    with pytest.raises(ValueError, match="frame_awareness="):
+        DenoiserTask(torch.device("cpu"), vae, frame_awareness=-1.0)
+    with pytest.raises(ValueError, match="frame_awareness_block="):
+        DenoiserTask(torch.device("cpu"), vae, frame_awareness=1.0, frame_awareness_block=6)
+    plain = DenoiserTask(torch.device("cpu"), vae, image_batch=2, clip_batch=1)
+    assert "frame_head" not in plain.modules()
+    task = DenoiserTask(torch.device("cpu"), vae, image_batch=2, clip_batch=1,
+                        frame_awareness=0.5, frame_awareness_block=1)
+    assert "frame_head" in task.modules() and "frame_head" in task.optional_modules
+    block = task.transformer.blocks[1]
+    gen = torch.Generator().manual_seed(0)
+    clip = denoiser_module.DenoiserBatch(["a red circle moves left"], torch.randn(1, 8, 5, 32, 32),
+                                         None, np.zeros(1, bool), None, None)
+    loss, metrics = task.loss(clip, gen)
+    assert not block._forward_hooks  # the read-out hook is gone after the step
+    assert 0 <= metrics["frame_acc"] <= 1 and metrics["frame_ce"] > 0
+    loss.backward()
+    assert task.frame_head.weight.grad.abs().sum() > 0
+    # the auxiliary term is the weighted cross-entropy on top of the flow-matching loss
+    monkeypatch.setattr(denoiser_module, "flow_matching_loss",
+                        lambda transformer, x0, *a, **k: transformer(
+                            hidden_states=x0, timestep=torch.zeros(1, 5 * 64),
+                            encoder_hidden_states=torch.zeros(1, 32, 64),
+                            return_dict=False)[0].mean() * 0)
+    loss, metrics = task.loss(clip, gen)
+    assert float(loss) == pytest.approx(0.5 * metrics["frame_ce"], rel=1e-5)
+    # a reference clip has one more token frame (the appended reference); images have none
+    ref = denoiser_module.DenoiserBatch(["a large object moves left"],
+                                        torch.randn(1, 8, 5, 32, 32),
+                                        torch.randn(1, 8, 1, 32, 32), np.zeros(1, bool),
+                                        [("red", "circle")], None)
+    seen = {}
+    real = denoiser_module.frame_awareness_loss
+
+    def spy(head, hidden, frames):
+        seen["frames"] = frames
+        return real(head, hidden, frames)
+
+    monkeypatch.setattr(denoiser_module, "frame_awareness_loss", spy)
+    monkeypatch.setattr(denoiser_module, "flow_matching_loss",
+                        lambda transformer, x0, text, noise, s, **k: transformer(
+                            hidden_states=x0 if k["reference"] is None
+                            else torch.cat([x0, k["reference"]], 2),
+                            timestep=torch.zeros(len(x0), 64 * (
+                                x0.shape[2] + (k["reference"] is not None))),
+                            encoder_hidden_states=text,
+                            return_dict=False)[0].mean() * 0)
+    task.loss(ref, gen)
+    assert seen["frames"] == 6
+    image = denoiser_module.DenoiserBatch(["a red circle"], torch.randn(2, 8, 1, 32, 32), None,
+                                          np.zeros(2, bool), None, None)
+    seen.clear()
+    _, metrics = task.loss(image, gen)
+    assert "frame_ce" not in metrics and not seen

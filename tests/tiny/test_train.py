@@ -287,6 +287,8 @@ def test_wider_decoder_trains_on_the_frozen_encoder_and_is_loaded_after(tmp_path
     (["dit", "--object-weight", "101"], "--object-weight must be in [0, 100]"),
     (["dit", "--gradient-tilt", "1.5"], "--gradient-tilt must be in [0, 1]"),
     (["dit", "--motion-distance", "0.6"], "--motion-distance must be in [0, 0.5]"),
+    (["dit", "--frame-awareness", "-1"], "--frame-awareness must be in [0, 10]"),
+    (["dit", "--frame-awareness-block", "6"], "--frame-awareness-block must be in [0, 5]"),
     (["vae", "--clip-share", "1.5"], "--clip-share must be in [0, 1]"),
     (["vae", "--edge-weight", "-1"], "--edge-weight must be at least 0"),
     (["vae", "--temporal-compression", "3"], "invalid choice"),
