@@ -406,25 +406,34 @@ GRADIENT_TILT = 0.6
 
 
 @contextlib.contextmanager
-def gradient_tilt(tilt: float) -> Iterator[None]:
+def _world_setting(name: str, value: float, low: float, high: float,
+                   what: str) -> Iterator[None]:
+    """Sets the module constant ``name`` to ``value`` inside the block, restored after.
+
+    Raises:
+        ValueError: ``value`` outside [low, high] (``what`` names it in the message).
+    """
+    if not low <= value <= high:
+        raise ValueError(f"{what} {value}: must be in [{low:g}, {high:g}]")
+    module = globals()
+    before, module[name] = module[name], value
+    try:
+        yield
+    finally:
+        module[name] = before
+
+
+def gradient_tilt(tilt: float) -> contextlib.AbstractContextManager[None]:
     """Render sky gradients with ``GRADIENT_TILT = tilt`` inside the block (a training
     experiment: a lower tilt gives columns the stronger positional cue), restored after.
 
     Raises:
         ValueError: ``tilt`` outside [0, 1].
     """
-    global GRADIENT_TILT
-    if not 0.0 <= tilt <= 1.0:
-        raise ValueError(f"gradient tilt {tilt}: must be in [0, 1]")
-    before, GRADIENT_TILT = GRADIENT_TILT, tilt
-    try:
-        yield
-    finally:
-        GRADIENT_TILT = before
+    return _world_setting("GRADIENT_TILT", tilt, 0.0, 1.0, "gradient tilt")
 
 
-@contextlib.contextmanager
-def motion_distance(distance: float) -> Iterator[None]:
+def motion_distance(distance: float) -> contextlib.AbstractContextManager[None]:
     """Render clips with ``MOTION_DISTANCE = distance`` inside the block (a training
     experiment: a longer travel makes the motion word's effect on each latent frame larger),
     restored after. Scenes sampled inside keep two objects apart over the longer travel.
@@ -432,14 +441,7 @@ def motion_distance(distance: float) -> Iterator[None]:
     Raises:
         ValueError: ``distance`` outside [0, 0.5] (fractions of the width or height).
     """
-    global MOTION_DISTANCE
-    if not 0.0 <= distance <= 0.5:
-        raise ValueError(f"motion distance {distance}: must be in [0, 0.5]")
-    before, MOTION_DISTANCE = MOTION_DISTANCE, distance
-    try:
-        yield
-    finally:
-        MOTION_DISTANCE = before
+    return _world_setting("MOTION_DISTANCE", distance, 0.0, 0.5, "motion distance")
 
 
 def _gradient(top: tuple[int, int, int], bottom: tuple[int, int, int], height: int,
