@@ -26,6 +26,21 @@ from studio.tiny.denoiser import (
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "assets" / "models" / "tiny-wan"
+#: The shipped model's VAE compression (2 since session 29; 4 before).
+SHIPPED_SPATIAL = json.loads((SHIPPED / "vae" / "config.json").read_text())["scale_factor_spatial"]
+
+
+@pytest.fixture(scope="module")
+def source_4x(tmp_path_factory):
+    """A model folder on the 4x VAE (16x16 latents, patch 2), exported from a fresh task:
+    the kind of model a 2x-VAE run warm-starts from (the shipped one before session 29)."""
+    from studio.tiny.sampling import export_pipeline
+
+    torch.manual_seed(1)
+    old = DenoiserTask(torch.device("cpu"), build_vae(spatial_compression=4,
+                                                      temporal_compression=4),
+                       image_batch=4, clip_batch=1)
+    return export_pipeline(old, tmp_path_factory.mktemp("source") / "tiny-wan-4x")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +62,8 @@ def test_patch_follows_the_vae_so_a_frame_stays_8x8_tokens():
     assert (enc.image_size // enc.patch_size) ** 2 + 1 == 17  # as many tokens as the 4x one's
 
 
-def test_warm_start_takes_every_matching_tensor_and_leaves_the_rest_fresh(task):
+def test_warm_start_takes_every_matching_tensor_and_leaves_the_rest_fresh(task, source_4x):
+    SHIPPED = source_4x  # noqa: N806 (the 4x-VAE model this test starts from)
     fresh_embed = task.transformer.patch_embedding.weight.detach().clone()
     report = warm_start(task, SHIPPED)
     assert report["transformer"] == {"loaded": len(task.transformer.state_dict()) - 3,
@@ -68,10 +84,11 @@ def test_warm_start_takes_every_matching_tensor_and_leaves_the_rest_fresh(task):
         warm_start(task, SHIPPED / "vae")
 
 
-def test_fitted_latent_maps_start_the_moved_denoiser_below_its_fresh_loss(task):
-    """After the warm start, least squares fits the patch embedding to the shipped model's
+def test_fitted_latent_maps_start_the_moved_denoiser_below_its_fresh_loss(task, source_4x):
+    """After the warm start, least squares fits the patch embedding to the source model's
     tokens of the same images and proj_out to the flow-matching target: the loss on the
     fitting batch falls, and the live and EMA copies get the same maps."""
+    SHIPPED = source_4x  # noqa: N806 (the 4x-VAE model this test starts from)
     warm_start(task, SHIPPED)
     before = task.transformer.proj_out.weight.detach().clone()
     fit = fit_latent_maps(task, SHIPPED, images=32)
@@ -166,20 +183,23 @@ def test_a_new_vae_run_restores_from_its_own_snapshot(tmp_path):
 
     from studio.tiny.train import restore_run
 
+    # a new run on the VAE compression the shipped model does not have
+    other = 4 if SHIPPED_SPATIAL == 2 else 2
     committed = tmp_path / "v3"
     (committed / "vae" / "checkpoint").mkdir(parents=True)
-    vae = build_vae(spatial_compression=2, temporal_compression=2)
+    vae = build_vae(spatial_compression=other, temporal_compression=other)
     save_file(vae.state_dict(), str(committed / "vae" / "checkpoint" / "vae.safetensors"))
-    (committed / "vae" / "architecture.json").write_text(json.dumps(
-        {"temporal_compression": 2, "latent_channels": 8, "spatial_compression": 2}))
-    # the shipped model's denoiser belongs to the 4x VAE: no start without a snapshot
+    architecture = {"temporal_compression": other, "latent_channels": 8,
+                    "spatial_compression": other}
+    (committed / "vae" / "architecture.json").write_text(json.dumps(architecture))
+    # the shipped model's denoiser belongs to the other VAE: no start without a snapshot
     with pytest.raises(ValueError, match="spatial compression differs"):
         restore_run(tmp_path / "run", SHIPPED, committed)
     assert not (tmp_path / "run").exists()
     snap = committed / "dit" / "checkpoint"
     snap.mkdir(parents=True)
     torch.manual_seed(0)
-    weights = {k: v.half() for k, v in build_denoiser(2).state_dict().items()}
+    weights = {k: v.half() for k, v in build_denoiser(other).state_dict().items()}
     save_file(weights, str(snap / "ema_transformer.safetensors"))
     shutil.copy(SHIPPED / "text_encoder" / "model.safetensors", snap / "ema_text_encoder.safetensors")
     (snap / "state.json").write_text(json.dumps({"step": 40, "elapsed_s": 9.0, "seed": 0}))
@@ -187,8 +207,8 @@ def test_a_new_vae_run_restores_from_its_own_snapshot(tmp_path):
     assert done == {"vae": f"restored from {committed / 'vae'}",
                     "decoder": "none (the VAE's own decoder)",
                     "dit": f"restored from {snap} at step 40"}
-    assert json.loads((tmp_path / "run" / "vae" / "architecture.json").read_text()) == {
-        "temporal_compression": 2, "latent_channels": 8, "spatial_compression": 2}
+    assert json.loads((tmp_path / "run" / "vae" / "architecture.json").read_text()) == \
+        architecture
     got = load_file(str(tmp_path / "run" / "dit" / "checkpoint" / "transformer.safetensors"))
     assert all(torch.equal(got[k], v.float()) for k, v in weights.items())
     assert not (tmp_path / "run" / "decoder").exists()

@@ -313,7 +313,10 @@ def test_snapshot_and_restore_carry_a_run_through_the_repository(tmp_path, capsy
     from studio.tiny.train import main, restore_run, snapshot_run
 
     shipped = Path(__file__).resolve().parents[2] / "assets" / "models" / "tiny-wan"
-    repo_vae = Path(__file__).resolve().parents[2] / "training" / "tiny" / "vae"
+    # the committed VAE the shipped denoiser was trained on (its compression names the run)
+    spatial = json.loads((shipped / "vae" / "config.json").read_text())["scale_factor_spatial"]
+    repo_vae = Path(__file__).resolve().parents[2] / "training" / "tiny" / (
+        "v3/vae" if spatial == 2 else "vae")
     committed = tmp_path / "committed"
     shutil.copytree(repo_vae, committed / "vae")
     (committed / "dit").mkdir()
