@@ -63,12 +63,11 @@ def test_patch_follows_the_vae_so_a_frame_stays_8x8_tokens():
 
 
 def test_warm_start_takes_every_matching_tensor_and_leaves_the_rest_fresh(task, source_4x):
-    SHIPPED = source_4x  # noqa: N806 (the 4x-VAE model this test starts from)
     fresh_embed = task.transformer.patch_embedding.weight.detach().clone()
-    report = warm_start(task, SHIPPED)
+    report = warm_start(task, source_4x)
     assert report["transformer"] == {"loaded": len(task.transformer.state_dict()) - 3,
                                      "fresh": 3}
-    shipped = load_file(str(SHIPPED / "transformer" / "diffusion_pytorch_model.safetensors"))
+    shipped = load_file(str(source_4x / "transformer" / "diffusion_pytorch_model.safetensors"))
     live, ema = task.transformer.state_dict(), task.ema_transformer.state_dict()
     for key in ("blocks.3.attn1.to_q.weight", "condition_embedder.time_embedder.linear_1.weight",
                 "scale_shift_table"):
@@ -77,21 +76,20 @@ def test_warm_start_takes_every_matching_tensor_and_leaves_the_rest_fresh(task, 
     # the input and output maps change shape with the patch: they stay as initialised
     assert torch.equal(task.transformer.patch_embedding.weight, fresh_embed)
     assert shipped["proj_out.weight"].shape[0] == 8 * 4 and live["proj_out.weight"].shape[0] == 8 * 16
-    text = load_file(str(SHIPPED / "text_encoder" / "model.safetensors"))
+    text = load_file(str(source_4x / "text_encoder" / "model.safetensors"))
     assert torch.equal(task.text_encoder.shared.weight, text["shared.weight"].float())
     assert task.text_encoder.encoder.embed_tokens.weight is task.text_encoder.shared.weight
     with pytest.raises(ValueError, match="no transformer/"):
-        warm_start(task, SHIPPED / "vae")
+        warm_start(task, source_4x / "vae")
 
 
 def test_fitted_latent_maps_start_the_moved_denoiser_below_its_fresh_loss(task, source_4x):
     """After the warm start, least squares fits the patch embedding to the source model's
     tokens of the same images and proj_out to the flow-matching target: the loss on the
     fitting batch falls, and the live and EMA copies get the same maps."""
-    SHIPPED = source_4x  # noqa: N806 (the 4x-VAE model this test starts from)
-    warm_start(task, SHIPPED)
+    warm_start(task, source_4x)
     before = task.transformer.proj_out.weight.detach().clone()
-    fit = fit_latent_maps(task, SHIPPED, images=32)
+    fit = fit_latent_maps(task, source_4x, images=32)
     assert 0 < fit["embedding_r2"] <= 1 and 0 < fit["output_r2"] <= 1, fit
     assert 0 < fit["reference_r2"] <= 1, fit  # the reference encoder's patches changed too
     assert fit["loss_after"] < fit["loss_before"], fit
@@ -105,12 +103,12 @@ def test_fitted_latent_maps_start_the_moved_denoiser_below_its_fresh_loss(task, 
                    if k.endswith("embeddings.patch_embedding.weight"))
     assert ref.shape == (64, 8, 8, 8) and torch.equal(ref, ema_ref)
     # the fitted proj_out holds on new images (another seed): below the fresh map's loss
-    again = fit_latent_maps(task, SHIPPED, images=32, seed=1)
+    again = fit_latent_maps(task, source_4x, images=32, seed=1)
     assert again["loss_before"] < fit["loss_before"], (fit, again)
     with pytest.raises(ValueError, match="images=8"):
-        fit_latent_maps(task, SHIPPED, images=8)
+        fit_latent_maps(task, source_4x, images=8)
     with pytest.raises(ValueError, match="needs vae/"):
-        fit_latent_maps(task, SHIPPED / "transformer")
+        fit_latent_maps(task, source_4x / "transformer")
 
 
 def test_training_steps_reach_the_fresh_patch_embedding(task):
