@@ -40,6 +40,7 @@ from studio.engine.attention_config import (  # noqa: F401  (re-exported)
     AttentionConfig,
     attention_override,
 )
+from studio.engine.compile import count_outside_graph
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +95,10 @@ class _Router(TorchFunctionMode):
                                   bound.get("is_causal", False), bound.get("enable_gqa", False))
         if reason is not None:
             _log_once(reason)
-            self.stats["sdpa"] += 1
+            count_outside_graph(self.stats, "sdpa")
             return func(*args, **kwargs)
         if self.config.kernel in _BROKEN:
-            self.stats["sdpa"] += 1
+            count_outside_graph(self.stats, "sdpa")
             return func(*args, **kwargs)
         try:
             return self.route(q, k, v, bound.get("scale"))
@@ -105,7 +106,7 @@ class _Router(TorchFunctionMode):
             _BROKEN.add(self.config.kernel)
             log.warning("attention: %s kernel failed (%s: %s); SDPA from now on",
                         self.config.kernel, type(exc).__name__, str(exc)[:200])
-            self.stats["sdpa"] += 1
+            count_outside_graph(self.stats, "sdpa")
             return func(*args, **kwargs)
 
     def route(self, q, k, v, scale):
@@ -116,10 +117,10 @@ class _Router(TorchFunctionMode):
             if layout is not None:
                 from studio.kernels.block_sparse_attention import block_sparse_attention
 
-                self.stats["sparse"] += 1
+                count_outside_graph(self.stats, "sparse")
                 return block_sparse_attention(q, k, v, layout, scale=scale)[0]
             kernel = cfg.sparse_inner
-        self.stats[kernel] += 1
+        count_outside_graph(self.stats, kernel)
         if kernel == "sage":
             from studio.kernels.sage_attention import sage_attention
 

@@ -35,6 +35,8 @@ from collections import Counter
 
 import torch
 
+from studio.engine.compile import count_outside_graph
+
 log = logging.getLogger(__name__)
 
 
@@ -77,8 +79,8 @@ def _fused_block_forward(block, hidden_states, encoder_hidden_states, temb, rota
     hidden_states = hidden_states + block.attn2(x, encoder_hidden_states, None, None)
     x = adaln_norm(hidden_states, c_scale, c_shift, norm="layer", eps=block.norm3.eps)
     hidden_states = gated_residual(hidden_states, c_gate, block.ffn(x))
-    stats["adaln_norm"] += 2
-    stats["gated_residual"] += 2
+    count_outside_graph(stats, "adaln_norm", 2)
+    count_outside_graph(stats, "gated_residual", 2)
     return hidden_states
 
 
@@ -117,7 +119,7 @@ def _processor_class():
             key = qk_norm_rope(key, attn.norm_k.weight, cos, sin, heads=attn.heads,
                                norm="all", eps=eps_k).unflatten(2, (attn.heads, -1))
             value = value.unflatten(2, (attn.heads, -1))
-            attn._studio_fused_stats["qk_norm_rope"] += 2
+            count_outside_graph(attn._studio_fused_stats, "qk_norm_rope", 2)
             out = dispatch_attention_fn(query, key, value, attn_mask=None, dropout_p=0.0,
                                         is_causal=False, backend=self._attention_backend,
                                         parallel_config=self._parallel_config)

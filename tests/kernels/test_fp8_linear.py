@@ -92,3 +92,21 @@ def test_custom_op_passes_opcheck():
     torch.library.opcheck(quantize_rows_fp8_op, (x, out, torch.empty(9, 1)),
                           test_utils=("test_autograd_registration", "test_faketensor",
                                       "test_aot_dispatch_dynamic"))
+
+
+def test_under_torch_compile_the_quantizer_is_traced_as_torch_ops():
+    """Traced by torch.compile, fp8_linear quantizes with the torch reference (which inductor
+    can fuse into the producer of x) instead of calling the opaque custom op: neither path of
+    the op runs, and the result equals the eager (Triton) one."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(37, 96, generator=g).to(torch.bfloat16)
+    w8, ws = quantize_weight_fp8(torch.randn(48, 96, generator=g))
+    with launches(LAUNCHES):
+        eager = fp8_linear(x * 2.0, w8, ws)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: fp8_linear(x * 2.0, w8, ws), backend="eager",
+                             fullgraph=True)
+    with launches(LAUNCHES, triton=0, reference=0):
+        out = compiled(x)
+    assert torch.equal(out, eager)
+    torch._dynamo.reset()

@@ -106,7 +106,8 @@ def quantize_weight_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 def fp8_linear(x: torch.Tensor, weight_fp8: torch.Tensor, weight_scale: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ wᵀ + bias`` in float8 with row-wise scales: x quantized per token by
-    :func:`quantize_rows_fp8`, the product by ``torch._scaled_mm`` (cuBLASLt/CUTLASS on
+    :func:`quantize_rows_fp8` (by its torch reference while torch.compile traces, so that
+    inductor fuses the quantization into the producer of x), the product by ``torch._scaled_mm`` (cuBLASLt/CUTLASS on
     Hopper, fp32 accumulation, bf16 output), rescaled by the token and channel scales.
 
     Args:
@@ -133,7 +134,14 @@ def fp8_linear(x: torch.Tensor, weight_fp8: torch.Tensor, weight_scale: torch.Te
     if tuple(weight_scale.shape) != (out_features,):
         raise ValueError(f"weight_scale must be ({out_features},), got "
                          f"{tuple(weight_scale.shape)}")
-    x8, xs = quantize_rows_fp8(x.reshape(-1, features))
+    rows = x.reshape(-1, features)
+    if torch.compiler.is_compiling():
+        # Under torch.compile the quantizer is traced as torch ops, so inductor fuses the
+        # absmax, scale and cast into the kernel that produces x (a norm, a modulation, the
+        # attention output's reshape) instead of calling our opaque custom op after it.
+        x8, xs = quantize_rows_fp8_reference(rows)
+    else:
+        x8, xs = quantize_rows_fp8(rows)
     out = torch._scaled_mm(x8, weight_fp8.t(), scale_a=xs, scale_b=weight_scale[None, :],
                            bias=None if bias is None else bias.to(torch.bfloat16),
                            out_dtype=torch.bfloat16)

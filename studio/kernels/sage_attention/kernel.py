@@ -30,6 +30,7 @@ def sage_attention_fwd_kernel(
     PV_FP8: tl.constexpr,  # V holds float8_e4m3fn values scaled per channel by VS
     DOT_IN_FP32: tl.constexpr,  # interpreter only: its bf16 tl.dot multiplies raw uint16 bits
     EMULATE_RNE: tl.constexpr = False,  # interpreter only: see to_e4m3
+    FAST_EXP: tl.constexpr = False,  # GPU only: exp2 by ex2.approx.f16x2 (see _exp2_f16x2)
 ):
     """One program = BLOCK_M queries of one (batch, head). Grid: (num_q_blocks, batch*heads).
 
@@ -66,41 +67,102 @@ def sage_attention_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # [BLOCK_M]
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # [BLOCK_M, HEAD_DIM]
 
-    for start_n in range(0, kv_len, BLOCK_N):
-        cols = start_n + offs_n  # [BLOCK_N]
-        col_ok = cols < kv_len  # [BLOCK_N]
-        cols64 = cols.to(tl.int64)
-        k = tl.load(k_base + cols64[:, None] * stride_ks + offs_d[None, :],
-                    mask=col_ok[:, None], other=0)  # [BLOCK_N, HEAD_DIM] int8
-        k_scale = tl.load(ks_base + start_n // BLOCK_N)  # scalar fp32
-        s_int = tl.dot(q, tl.trans(k), out_dtype=tl.int32)  # [BLOCK_M, BLOCK_N] int32
-        s = s_int.to(tl.float32) * (q_scale * k_scale)  # [BLOCK_M, BLOCK_N] log2 domain
-        s = tl.where(col_ok[None, :], s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M], finite: the block has a valid key
-        alpha = tl.exp2(m_i - m_new)  # [BLOCK_M]
-        p = tl.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N] in [0, 1]
-        l_i = l_i * alpha + tl.sum(p, 1)
-
-        v = tl.load(v_base + cols64[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-                    mask=col_ok[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
-        if PV_FP8:
-            # Static scale 448 on P (its max is 1); the per-block product is accumulated
-            # separately, then added in fp32: SageAttention2's two-level accumulation.
-            p8 = to_e4m3(p * 448.0, DOT_IN_FP32 or EMULATE_RNE)  # [BLOCK_M, BLOCK_N]
-            pv = tl.dot(p8, v, out_dtype=tl.float32)  # [BLOCK_M, HEAD_DIM]
-        elif DOT_IN_FP32:
-            pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))  # [BLOCK_M, HEAD_DIM]
-        else:
-            pv = tl.dot(p.to(v.dtype), v)  # [BLOCK_M, HEAD_DIM] fp32
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+    # Whole key blocks first, with no bounds checks; the partial last block (if any) after.
+    full_end = (kv_len // BLOCK_N) * BLOCK_N
+    for start_n in range(0, full_end, BLOCK_N):
+        acc, l_i, m_i = _sage_key_block(
+            acc, l_i, m_i, q, q_scale, k_base, ks_base, v_base, stride_ks, stride_vs,
+            stride_vd, start_n, kv_len, offs_n, offs_d, BLOCK_N, PV_FP8, DOT_IN_FP32,
+            EMULATE_RNE, FAST_EXP, False)
+    if full_end < kv_len:
+        acc, l_i, m_i = _sage_key_block(
+            acc, l_i, m_i, q, q_scale, k_base, ks_base, v_base, stride_ks, stride_vs,
+            stride_vd, full_end, kv_len, offs_n, offs_d, BLOCK_N, PV_FP8, DOT_IN_FP32,
+            EMULATE_RNE, FAST_EXP, True)
 
     if PV_FP8:
+        # P was computed as 448·p (see _sage_key_block), so l_i is 448·Σp: the ratio acc / l_i
+        # needs no 1/448, and the log-sum-exp takes log2(448) off the running max.
         v_scale = tl.load(VS + bh * HEAD_DIM + offs_d)  # [HEAD_DIM]
-        acc = acc * (v_scale * (1.0 / 448.0))[None, :]
+        acc = acc * v_scale[None, :]
+        m_i = m_i - LOG2_FP8_MAX
     finish_rows(acc, m_i, l_i, Out + b * stride_ob + h * stride_oh, stride_os, LSE + bh * seq_q,
                 offs_m, seq_q, HEAD_DIM)
+
+
+LOG2_FP8_MAX = tl.constexpr(8.807354922057604)  # log2(448), e4m3's largest finite value
+
+
+@triton.jit
+def _exp2_f16x2(x):
+    """2^x for x <= log2(448) with PTX's ``ex2.approx.f16x2``: two results per special-function
+    instruction instead of one (float16 output: 10 mantissa bits, far finer than the e4m3 it
+    is cast to). GPU only: the interpreter cannot run inline PTX."""
+    return tl.inline_asm_elementwise("ex2.approx.f16x2 $0, $1;", "=r,r", [x.to(tl.float16)],
+                                     dtype=tl.float16, is_pure=True, pack=2)
+
+
+@triton.jit
+def _sage_key_block(acc, l_i, m_i, q, q_scale, k_base, ks_base, v_base, stride_ks, stride_vs,
+                    stride_vd, start_n, kv_len, offs_n, offs_d,
+                    BLOCK_N: tl.constexpr, PV_FP8: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+                    EMULATE_RNE: tl.constexpr, FAST_EXP: tl.constexpr, MASKED: tl.constexpr):
+    """One key block of the online softmax: returns the updated (acc [BLOCK_M, HEAD_DIM],
+    l_i [BLOCK_M], m_i [BLOCK_M]). MASKED: bounds-check keys against kv_len (the partial last
+    block); unmasked blocks skip the checks and take the running max from the int32 scores.
+
+    With PV_FP8 the probabilities are produced already scaled by 448 (e4m3's largest value;
+    SageAttention2's static P scale) by shifting the exponent by log2(448) instead of a
+    multiply, and l_i sums those scaled values."""
+    cols64 = (start_n + offs_n).to(tl.int64)  # [BLOCK_N]
+    k_ptrs = k_base + cols64[:, None] * stride_ks + offs_d[None, :]  # [BLOCK_N, HEAD_DIM]
+    v_ptrs = v_base + cols64[:, None] * stride_vs + offs_d[None, :] * stride_vd
+    if MASKED:
+        col_ok = (start_n + offs_n) < kv_len  # [BLOCK_N]
+        k = tl.load(k_ptrs, mask=col_ok[:, None], other=0)  # [BLOCK_N, HEAD_DIM] int8
+    else:
+        k = tl.load(k_ptrs)
+    qk_scale = q_scale * tl.load(ks_base + start_n // BLOCK_N)  # scalar fp32
+    s_int = tl.dot(q, tl.trans(k), out_dtype=tl.int32)  # [BLOCK_M, BLOCK_N] int32
+    if MASKED:
+        s = tl.where(col_ok[None, :], s_int.to(tl.float32) * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M], finite: the block has a valid key
+    else:
+        # the scale is positive, so the max of the int scores gives the max of the scores;
+        # s·scale - m then contracts to one FMA per score
+        s = s_int.to(tl.float32)
+        m_new = tl.maximum(m_i, tl.max(s_int, 1).to(tl.float32) * qk_scale)
+    alpha = tl.exp2(m_i - m_new)  # [BLOCK_M]
+    shift = m_new
+    if PV_FP8:
+        shift = m_new - LOG2_FP8_MAX
+    if MASKED:
+        x = s - shift[:, None]  # [BLOCK_M, BLOCK_N], <= log2(448) (fp8) or 0
+    else:
+        x = s * qk_scale - shift[:, None]
+    if FAST_EXP:
+        p = _exp2_f16x2(x)  # [BLOCK_M, BLOCK_N] float16
+    else:
+        p = tl.exp2(x)  # [BLOCK_M, BLOCK_N] float32
+    l_i = l_i * alpha + tl.sum(p.to(tl.float32), 1)
+
+    if MASKED:
+        v = tl.load(v_ptrs, mask=col_ok[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
+    else:
+        v = tl.load(v_ptrs)
+    if PV_FP8:
+        # the per-block product is accumulated separately, then added in fp32:
+        # SageAttention2's two-level accumulation
+        if FAST_EXP:
+            p8 = p.to(tl.float8e4nv)  # [BLOCK_M, BLOCK_N] from float16 (cvt .f16x2 on sm_89+)
+        else:
+            p8 = to_e4m3(p, DOT_IN_FP32 or EMULATE_RNE)  # [BLOCK_M, BLOCK_N]
+        pv = tl.dot(p8, v, out_dtype=tl.float32)  # [BLOCK_M, HEAD_DIM]
+    elif DOT_IN_FP32:
+        pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))  # [BLOCK_M, HEAD_DIM]
+    else:
+        pv = tl.dot(p.to(v.dtype), v)  # [BLOCK_M, HEAD_DIM] fp32
+    return acc * alpha[:, None] + pv, l_i, m_new
 
 
 @triton.jit

@@ -53,6 +53,23 @@ def use_launch(num_warps: int, num_stages: int) -> Iterator[None]:
         _launch_override = previous
 
 
+_fast_exp = False
+
+
+@contextlib.contextmanager
+def use_fast_exp(enabled: bool = True) -> Iterator[None]:
+    """Compute the fp8 path's probabilities with PTX ``ex2.approx.f16x2`` (two exponentials
+    per special-function instruction; kernel ``_exp2_f16x2``) in this block. Off by default
+    until bench/gpu measures it; CUDA with fp8 P·V only (ignored elsewhere: the interpreter
+    cannot run inline PTX). Not thread-safe: a process-wide setting."""
+    global _fast_exp
+    previous, _fast_exp = _fast_exp, bool(enabled)
+    try:
+        yield
+    finally:
+        _fast_exp = previous
+
+
 def device_supports_fp8(device: torch.device) -> bool:
     """True on CUDA devices of compute capability >= 8.9 (Ada, Hopper, Blackwell)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= FP8_MIN_CAPABILITY
@@ -144,6 +161,7 @@ def _launch(q, k, v, kv_lengths, scale, pv_fp8, block_m, block_n, out, lse) -> N
         PV_FP8=pv_fp8,
         DOT_IN_FP32=interpreted and v_op.dtype == torch.bfloat16,
         EMULATE_RNE=interpreted,
+        FAST_EXP=_fast_exp and pv_fp8 and not interpreted and q.is_cuda,
         num_warps=(_launch_override[0] if _launch_override and not interpreted
                    else 8 if big and block_m >= 128 else 4),
         num_stages=(1 if interpreted else _launch_override[1] if _launch_override else 3),
