@@ -20,12 +20,18 @@ one function covers them all without copying any processor, and leaves RoPE, QK-
 projections to diffusers. Calls the kernels do not cover (an attention mask, causal or
 dropout, grouped-query heads) run SDPA unchanged; the reason is logged once per kind.
 
+Under regional ``torch.compile`` (:mod:`studio.engine.compile`) the same router is reached
+through diffusers' attention dispatcher instead (its native backend wrapped, see
+``_RootHook``): a mode active over compiled code breaks the graph at every Python-implemented
+tensor method. There, processors that call SDPA directly keep SDPA.
+
 Source for the technique of routing through a torch function mode: PyTorch's
 ``TorchFunctionMode`` (``torch.overrides``), as used by ``torch.utils.flop_counter``.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 
@@ -90,24 +96,30 @@ class _Router(TorchFunctionMode):
         names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
                  "enable_gqa")
         bound = dict(zip(names, args, strict=False)) | kwargs
-        q, k, v = bound["query"], bound["key"], bound["value"]
-        reason = _unrouted_reason(q, k, v, bound.get("attn_mask"), bound.get("dropout_p", 0.0),
-                                  bound.get("is_causal", False), bound.get("enable_gqa", False))
+        return self.attend(bound["query"], bound["key"], bound["value"],
+                           bound.get("attn_mask"), bound.get("dropout_p", 0.0),
+                           bound.get("is_causal", False), bound.get("scale"),
+                           bound.get("enable_gqa", False), lambda: func(*args, **kwargs))
+
+    def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, sdpa):
+        """One SDPA call (q, k, v: (batch, heads, seq, head_dim)) through our kernel, or
+        ``sdpa()`` (the call unchanged) where the kernels do not apply or have failed."""
+        reason = _unrouted_reason(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
         if reason is not None:
             _log_once(reason)
             count_outside_graph(self.stats, "sdpa")
-            return func(*args, **kwargs)
+            return sdpa()
         if self.config.kernel in _BROKEN:
             count_outside_graph(self.stats, "sdpa")
-            return func(*args, **kwargs)
+            return sdpa()
         try:
-            return self.route(q, k, v, bound.get("scale"))
+            return self.route(q, k, v, scale)
         except (RuntimeError, ImportError) as exc:  # e.g. a Triton compile failure
             _BROKEN.add(self.config.kernel)
             log.warning("attention: %s kernel failed (%s: %s); SDPA from now on",
                         self.config.kernel, type(exc).__name__, str(exc)[:200])
             count_outside_graph(self.stats, "sdpa")
-            return func(*args, **kwargs)
+            return sdpa()
 
     def route(self, q, k, v, scale):
         cfg = self.config
@@ -168,15 +180,76 @@ def token_grid(transformer: torch.nn.Module, hidden_states: torch.Tensor
     return f // pt, h // ph, w // pw
 
 
+#: The router of the compiled denoiser whose forward is running (see _RootHook), read by the
+#: dispatcher route that replaces diffusers' native attention backend; None otherwise.
+_DISPATCH_ROUTER: _Router | None = None
+
+
+def _install_dispatch_route() -> bool:
+    """Wraps diffusers' native attention backend (``dispatch_attention_fn``'s default, which
+    calls SDPA on (batch, heads, seq, head_dim) views) so that, while a compiled denoiser's
+    forward runs, its calls go through that denoiser's router; outside such a forward the
+    wrapper calls the original unchanged. Idempotent; False when this diffusers has no
+    dispatcher registry."""
+    try:
+        from diffusers.models.attention_dispatch import (
+            AttentionBackendName,
+            _AttentionBackendRegistry,
+        )
+    except ImportError:  # pragma: no cover - older diffusers
+        return False
+    backends = _AttentionBackendRegistry._backends
+    native = backends.get(AttentionBackendName.NATIVE)
+    if native is None:
+        return False
+    if getattr(native, "_studio_routed", False):
+        return True
+
+    @functools.wraps(native)
+    def routed_native(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                      scale=None, enable_gqa=False, return_lse=False, _parallel_config=None):
+        router = _DISPATCH_ROUTER
+        if router is None or return_lse or _parallel_config is not None:
+            return native(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                          return_lse, _parallel_config)
+        q, k, v = (x.permute(0, 2, 1, 3) for x in (query, key, value))  # (B, H, S, D) views
+        out = router.attend(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                            lambda: native(query, key, value, attn_mask, dropout_p, is_causal,
+                                           scale, enable_gqa).permute(0, 2, 1, 3))
+        return out.permute(0, 2, 1, 3)
+
+    routed_native._studio_routed = True
+    backends[AttentionBackendName.NATIVE] = routed_native
+    return True
+
+
 class _RootHook(ModelHook):
+    """Around each forward of the denoiser: its router, as a torch function mode (eager), or
+    (blocks compiled by :mod:`studio.engine.compile`) through diffusers' attention dispatcher.
+    A mode active over compiled code makes dynamo trace every tensor method through it, and
+    the Python-implemented ones (``Tensor.unflatten``, used by Flux's and Wan's processors)
+    break the graph; the dispatcher route is one plain function call per attention. Under
+    compile, processors that call SDPA directly (SD3, the UNets) keep SDPA (logged once).
+    The router object lives as long as the hook (the compiled code guards on it)."""
+
     def __init__(self, config: AttentionConfig, stats: AttentionStats):
         super().__init__()
         self.config, self.stats, self.layouts = config, stats, {}
+        self.router = _Router(config, stats, None, self.layouts)
 
     def new_forward(self, module, *args, **kwargs):
+        global _DISPATCH_ROUTER
         hidden = kwargs.get("hidden_states", args[0] if args else None)
-        grid = token_grid(module, hidden) if torch.is_tensor(hidden) else None
-        with _Router(self.config, self.stats, grid, self.layouts):
+        self.router.grid = token_grid(module, hidden) if torch.is_tensor(hidden) else None
+        if getattr(module, "_studio_compiled", None) and _install_dispatch_route():
+            _log_once("a compiled denoiser's processors that call SDPA directly (routed "
+                      "only through diffusers' attention dispatcher under torch.compile)")
+            previous, _DISPATCH_ROUTER = _DISPATCH_ROUTER, self.router
+            try:
+                return self.fn_ref.original_forward(*args, **kwargs)
+            finally:
+                _DISPATCH_ROUTER = previous
+        with self.router:
             return self.fn_ref.original_forward(*args, **kwargs)
 
 
