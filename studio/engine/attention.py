@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections import Counter
 
 import torch
@@ -180,9 +181,16 @@ def token_grid(transformer: torch.nn.Module, hidden_states: torch.Tensor
     return f // pt, h // ph, w // pw
 
 
-#: The router of the compiled denoiser whose forward is running (see _RootHook), read by the
-#: dispatcher route that replaces diffusers' native attention backend; None otherwise.
-_DISPATCH_ROUTER: _Router | None = None
+#: The router of the compiled denoiser whose forward is running on each device (see
+#: _RootHook), read by the dispatcher route that replaces diffusers' native attention backend.
+_DISPATCH_ROUTERS: dict[torch.device, _Router] = {}
+_DEVICE_LOCKS: dict[torch.device, threading.RLock] = {}
+_LOCKS_LOCK = threading.Lock()
+
+
+def _device_lock(device: torch.device) -> threading.RLock:
+    with _LOCKS_LOCK:
+        return _DEVICE_LOCKS.setdefault(device, threading.RLock())
 
 
 def _install_dispatch_route() -> bool:
@@ -208,7 +216,7 @@ def _install_dispatch_route() -> bool:
     @functools.wraps(native)
     def routed_native(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                       scale=None, enable_gqa=False, return_lse=False, _parallel_config=None):
-        router = _DISPATCH_ROUTER
+        router = _DISPATCH_ROUTERS.get(query.device)
         if router is None or return_lse or _parallel_config is not None:
             return native(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                           return_lse, _parallel_config)
@@ -230,6 +238,8 @@ class _RootHook(ModelHook):
     the Python-implemented ones (``Tensor.unflatten``, used by Flux's and Wan's processors)
     break the graph; the dispatcher route is one plain function call per attention. Under
     compile, processors that call SDPA directly (SD3, the UNets) keep SDPA (logged once).
+    The dispatcher route holds one router per device: compiled forwards on one device from
+    several threads take turns.
     The router object lives as long as the hook (the compiled code guards on it)."""
 
     def __init__(self, config: AttentionConfig, stats: AttentionStats):
@@ -238,19 +248,52 @@ class _RootHook(ModelHook):
         self.router = _Router(config, stats, None, self.layouts)
 
     def new_forward(self, module, *args, **kwargs):
-        global _DISPATCH_ROUTER
         hidden = kwargs.get("hidden_states", args[0] if args else None)
         self.router.grid = token_grid(module, hidden) if torch.is_tensor(hidden) else None
-        if getattr(module, "_studio_compiled", None) and _install_dispatch_route():
-            _log_once("a compiled denoiser's processors that call SDPA directly (routed "
-                      "only through diffusers' attention dispatcher under torch.compile)")
-            previous, _DISPATCH_ROUTER = _DISPATCH_ROUTER, self.router
-            try:
+        if not (getattr(module, "_studio_compiled", None) and torch.is_tensor(hidden)
+                and _install_dispatch_route()):
+            with self.router:  # eager: the torch function mode (per thread)
                 return self.fn_ref.original_forward(*args, **kwargs)
+        _log_once("processors that call SDPA directly in a compiled denoiser (under "
+                  "torch.compile the kernels are reached through diffusers' dispatcher)")
+        device = hidden.device
+        # One router per device at a time: compiled forwards on the same device from two
+        # threads take turns (they share the device anyway); nested forwards in one thread
+        # stack (re-entrant lock, the outer router restored after).
+        with _device_lock(device):
+            previous = _DISPATCH_ROUTERS.get(device)
+            _DISPATCH_ROUTERS[device] = self.router
+            try:
+                try:
+                    return self.fn_ref.original_forward(*args, **kwargs)
+                except (RuntimeError, ImportError) as exc:
+                    # In compiled code our kernels run after the router's try/except has
+                    # been traced away, so a kernel that fails to build (Triton) surfaces
+                    # here: mark it broken (the guards on _BROKEN then recompile to SDPA)
+                    # and run the step again.
+                    kernel = self.config.kernel
+                    if kernel in _BROKEN or not _raised_in_kernels(exc):
+                        raise
+                    _BROKEN.add(kernel)
+                    log.warning("attention: %s kernel failed under torch.compile (%s: %s); "
+                                "SDPA from now on", kernel, type(exc).__name__, str(exc)[:200])
+                    return self.fn_ref.original_forward(*args, **kwargs)
             finally:
-                _DISPATCH_ROUTER = previous
-        with self.router:
-            return self.fn_ref.original_forward(*args, **kwargs)
+                if previous is None:
+                    _DISPATCH_ROUTERS.pop(device, None)
+                else:
+                    _DISPATCH_ROUTERS[device] = previous
+
+
+def _raised_in_kernels(exc: BaseException) -> bool:
+    """Whether ``exc`` came from studio.kernels or Triton (by the frames it passed through)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+        if "/studio/kernels/" in name or "/triton/" in name:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def apply_attention(transformer: torch.nn.Module, config: AttentionConfig) -> AttentionStats:

@@ -109,3 +109,43 @@ def test_routed_attention_and_fused_blocks_count_calls_without_recompiling():
     uncompile_denoiser(model)
     remove_attention(model)
     torch._dynamo.reset()
+
+
+def test_a_kernel_failing_inside_compiled_code_falls_back_to_sdpa(monkeypatch):
+    """Compiled, the router's try/except around the kernel is traced away: a kernel that
+    raises (a Triton build failure, say) surfaces at the hook, which marks the kernel broken,
+    recompiles to SDPA and runs the step again, as the eager router does. Nothing is left in
+    the dispatcher's per-device slot, after success or failure."""
+    import studio.engine.attention as routing
+    from studio.engine.attention import AttentionConfig, apply_attention, remove_attention
+    from studio.kernels.attention import op as attention_op
+
+    model = tiny_wan()
+    want = run(model, steps=(999.0,))  # stock SDPA
+    stats = apply_attention(model, AttentionConfig(kernel="flash"))
+    torch._dynamo.reset()
+    compile_denoiser(model, backend="eager")
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory (planted)")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("triton: failed to build the kernel (planted)")
+
+    try:
+        # a RuntimeError that is not the kernels' is raised, not retried
+        with monkeypatch.context() as patch:
+            patch.setattr(model.blocks[0].attn1, "forward", out_of_memory)
+            with pytest.raises(RuntimeError, match="out of memory"):
+                run(model, steps=(999.0,))
+        assert "flash" not in routing._BROKEN and routing._DISPATCH_ROUTERS == {}
+        monkeypatch.setattr(attention_op, "attention_reference", broken)
+        got = run(model, steps=(999.0,))
+        assert "flash" in routing._BROKEN
+        assert stats["sdpa"] == 6 and routing._DISPATCH_ROUTERS == {}  # 3 blocks x 2
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    finally:
+        routing._BROKEN.discard("flash")
+        uncompile_denoiser(model)
+        remove_attention(model)
+        torch._dynamo.reset()

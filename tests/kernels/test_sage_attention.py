@@ -173,3 +173,26 @@ def test_fused_quantizers_match_the_reference(seq, block, dtype):
     assert v8.stride()[3] % 16 == 0 and v8.stride()[3] >= seq  # 16-byte aligned rows
     assert torch.equal(v8.float(), want8.float())
     torch.testing.assert_close(v_scales, want_vs, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("seq_k,lengths", [(77, (77, 0)), (128, (128, 33)), (16, (0, 13))],
+                         ids=str)
+def test_fp8_pv_log_sum_exp_and_empty_rows(seq_k, lengths):
+    """The fp8 path computes P already scaled by 448 (through the exponent) and takes
+    log2(448) off the running max for the log-sum-exp: it must equal the emulation's, for
+    partial and whole key blocks and for rows with no key at all (output 0, lse -inf)."""
+    q, k, v = qkv(2, 3, 40, seq_k, 64, torch.float16, seed=5)
+    kv_lengths = torch.tensor(lengths, dtype=torch.int32)
+    out, lse = poisoned(q.shape, torch.float16), poisoned((2, 3, 40))
+    with launches(LAUNCHES):
+        sage_attention(q, k, v, kv_lengths=kv_lengths, pv_fp8=True, block_m=32, block_n=32,
+                       out=out, lse=lse)
+    emu_out, emu_lse = sage_attention_reference(q, k, v, kv_lengths, None, True, 32, 32)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    torch.testing.assert_close(lse, emu_lse, atol=1e-4, rtol=1e-5)
+    for b, n in enumerate(lengths):
+        if n == 0:
+            assert (out[b] == 0).all() and torch.isinf(lse[b]).all() and (lse[b] < 0).all()
+        else:
+            cos, rel_l1 = quality(out[b], emu_out[b])
+            assert cos >= 0.9995 and rel_l1 <= 0.02, (cos, rel_l1)

@@ -161,7 +161,8 @@ def _launch(q, k, v, kv_lengths, scale, pv_fp8, block_m, block_n, out, lse) -> N
         PV_FP8=pv_fp8,
         DOT_IN_FP32=interpreted and v_op.dtype == torch.bfloat16,
         EMULATE_RNE=interpreted,
-        FAST_EXP=_fast_exp and pv_fp8 and not interpreted and q.is_cuda,
+        FAST_EXP=(_fast_exp and pv_fp8 and not interpreted and q.is_cuda
+                  and torch.version.hip is None),  # inline PTX: NVIDIA only
         num_warps=(_launch_override[0] if _launch_override and not interpreted
                    else 8 if big and block_m >= 128 else 4),
         num_stages=(1 if interpreted else _launch_override[1] if _launch_override else 3),
