@@ -184,12 +184,13 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
                            f"({exc})") from None
         base = dict(recorded)
         base.pop("schema", None)
-    given = [flag for flag, value in (("--init-image", args.init_image or args.mask),
-                                      ("--first-frame", args.first_frame),
-                                      ("--reference", args.reference)) if value]
+    given = [(flag, flag_mode) for flag, flag_mode, value in (
+        ("--init-image", "i2i", args.init_image or args.mask),
+        ("--first-frame", "i2v", args.first_frame),
+        ("--reference", "r2v", args.reference)) if value]
     if len(given) > 1 and not (args.mode or base.get("mode")):
-        raise BadInput(f"mode: {' and '.join(given)} belong to different modes (i2i, i2v, "
-                       f"r2v); pass --mode to choose one")
+        raise BadInput(f"mode: {' and '.join(f for f, _ in given)} belong to different modes "
+                       f"({', '.join(m for _, m in given)}); pass --mode to choose one")
     mode = args.mode or base.get("mode") or ("i2i" if args.init_image else
                                              "i2v" if args.first_frame else
                                              "r2v" if args.reference else None)
@@ -550,7 +551,7 @@ def _main(args: argparse.Namespace) -> int:
             where = f" {exc.filename}" if exc.filename else ""
             print(f"error: cannot write{where}: {exc.strerror} (nothing was left half "
                   f"written)", file=sys.stderr)
-            return EXIT_INTERNAL
+            return EXIT_BAD_INPUT  # the user can fix it: free space, another folder
         return _internal_error()
     except Exception:
         return _internal_error()

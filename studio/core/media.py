@@ -196,6 +196,11 @@ def decode_user_image(data: bytes, name: str, field: str = "image", *,
     if mask:
         gray = rgb.astype(np.float64) @ np.array([0.299, 0.587, 0.114])
         pixels = np.where(gray >= 128, 255, 0).astype(np.uint8)
+        if not pixels.any():
+            raise InputImageError(
+                f"{field}: {name} has no pixel at or above grey 128 (white = repaint), so it "
+                f"would repaint nothing; paint the area to change white, or leave the mask "
+                f"out to change the whole image")
         notes.append("mask thresholded at 128 (white = repaint)")
     else:
         pixels = rgb

@@ -41,7 +41,8 @@ class WorkerConfig:
         model_folders: the user's model folders.
         include_hf_cache: also resolve models from the HF cache.
         device: ``"auto"``, ``"cpu"`` or ``"cuda[:N]"``.
-        torch_threads: intra-op threads (0 = torch's default).
+        torch_threads: intra-op threads (0: on the CPU, before each job, the cores other
+            processes leave free: ``executor.cpu_threads_for_load``).
         max_loaded: models kept loaded between jobs.
         preload: model ids a child-process worker loads as soon as it starts, so the first
             job does not wait for imports and loading (errors are left for that job to report).
@@ -72,8 +73,10 @@ class WorkerConfig:
         device = resolve_device(self.device)
         registry = ModelRegistry(list(self.model_folders),
                                  include_hf_cache=self.include_hf_cache)
-        return JobExecutor(registry, device, max_loaded=self.max_loaded,
-                           memory_budget_bytes=int(self.memory_budget_gb * 2**30))
+        executor = JobExecutor(registry, device, max_loaded=self.max_loaded,
+                               memory_budget_bytes=int(self.memory_budget_gb * 2**30))
+        executor.auto_cpu_threads = not self.torch_threads
+        return executor
 
 
 def cancel_flag(ctx, initial: int):

@@ -77,6 +77,14 @@ def _sigterm_cancels(task, loop):
     return lambda: signal.signal(signal.SIGTERM, previous)
 
 
+def _has_screen() -> bool:
+    """Whether Qt shows windows anyone can see: not the ``offscreen`` or ``minimal``
+    platform (``QT_QPA_PLATFORM``), where a modal box would wait forever."""
+    from PySide6.QtGui import QGuiApplication
+
+    return QGuiApplication.platformName() not in ("offscreen", "minimal")
+
+
 async def _run_projects(settings, folder: Path, engine_factory) -> int:
     from PySide6.QtWidgets import QMessageBox
 
@@ -91,6 +99,8 @@ async def _run_projects(settings, folder: Path, engine_factory) -> int:
             message = f"Cannot open the project in {next_folder}:\n{exc}"
             logging.getLogger(__name__).error("%s", message)
             print(f"error: {message}", file=sys.stderr)
+            if not _has_screen():  # offscreen / minimal: nobody could close the box
+                return 1
             # window-modal but not a nested event loop: a SIGTERM or Ctrl+C meanwhile
             # cancels this await and closes the box (a blocking exec() under qasync left a
             # future set after cancellation: InvalidStateError)

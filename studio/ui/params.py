@@ -215,7 +215,8 @@ class ParamsPanel(QWidget):
         for spin in (self.width_spin, self.height_spin):
             spin.valueChanged.connect(self._on_size_edited)
         for signal in (self.prompt_edit.textChanged, self.negative_edit.textChanged,
-                       self.seed_edit.textChanged, self.steps_spin.valueChanged,
+                       self.seed_edit.textChanged, self.seed_lock.toggled,
+                       self.steps_spin.valueChanged,
                        self.guidance_spin.valueChanged, self.frames_spin.valueChanged,
                        self.fps_spin.valueChanged, self.strength_spin.valueChanged,
                        self.batch_spin.valueChanged, self.profile_combo.currentIndexChanged,
@@ -516,6 +517,8 @@ class ParamsPanel(QWidget):
             return [RequestProblem("model", "", "no usable model; add a model folder in "
                                                "Settings")]
         problems = self.draft().validate(caps)
+        if not self.seed_lock.isChecked():  # Generate draws a new seed: the text is moot
+            return [p for p in problems if p.field != "seed"]
         text = self.seed_edit.text().strip()
         if not text.isdigit():  # say what is wrong with the text, not the -1 it became
             if not text:

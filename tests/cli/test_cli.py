@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from studio.store.export import read_frames, read_metadata
 from tests.conftest import CASES, sigterm_and_wait
@@ -303,7 +304,8 @@ def test_bad_request_in_file_and_internal_error(tmp_path, capsys, monkeypatch):
 
 
 def test_a_full_disk_is_named_as_such(tmp_path, capsys, monkeypatch):
-    """The machine's failure (disk full) is not called an internal error."""
+    """The machine's failure (disk full) is not called an internal error: exit code 2, as
+    for any problem the user can fix, with one line and no log file to look up."""
     import errno as errno_module
 
     import studio.store.export as export
@@ -314,7 +316,7 @@ def test_a_full_disk_is_named_as_such(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(export, "write_result", full)
     code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--steps", "1", "--out",
                                  tmp_path / "o.png")
-    assert code == 1 and "internal error" not in err
+    assert code == 2 and "internal error" not in err
     assert err.strip().splitlines()[-1] == (f"error: cannot write {tmp_path / 'o.png'}: No space left on device "
                            f"(nothing was left half written)")
 
@@ -493,3 +495,13 @@ def test_trial_findings_long_names_huge_or_foreign_files_and_argparse_errors(tmp
                                  "--out", tmp_path / "o.png")
     assert code == 2 and "(mode r2v)" in err
     assert not list(tmp_path.glob("o.*"))
+
+
+def test_inputs_of_two_modes_name_those_two_modes(tmp_path, capsys):
+    image = tmp_path / "in.png"
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(image)
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--init-image", image,
+                                 "--reference", image, "--out", tmp_path / "o.png")
+    assert code == 2 and err.strip() == ("error: mode: --init-image and --reference belong to "
+                                         "different modes (i2i, r2v); pass --mode to choose one")
+    assert not (tmp_path / "o.png").exists()

@@ -107,6 +107,17 @@ def test_mask_is_binary():
     assert m.pixels.ndim == 2 and set(np.unique(m.pixels)) <= {0, 255}
 
 
+def test_a_mask_that_repaints_nothing_is_refused():
+    black = png_bytes(Image.new("L", (32, 32), 127))  # just under the threshold
+    with pytest.raises(InputImageError, match=r"mask: black.png has no pixel at or above "
+                                              r"grey 128 .* would repaint nothing"):
+        decode_user_image(black, "black.png", "mask", mask=True)
+    one = Image.new("L", (32, 32), 0)
+    one.putpixel((5, 7), 200)
+    m = decode_user_image(png_bytes(one), "one.png", "mask", mask=True)
+    assert m.pixels.sum() == 255 and m.pixels[7, 5] == 255
+
+
 def test_content_id_is_of_pixels():
     a = load_user_image(CASE2 / "palette.png")
     same = decode_user_image(png_bytes(Image.fromarray(a.pixels)), "copy.png")

@@ -236,13 +236,33 @@ def test_an_unusable_studio_home_stops_the_studio_with_one_line(tmp_path):
     assert not (tmp_path / "project").exists()
 
 
+def test_without_a_screen_a_project_that_cannot_open_exits_with_the_line(tmp_path, loop,
+                                                                         settings, capsys):
+    """On the offscreen platform (the tests', a headless run) no one could close a box: the
+    error line is printed and the studio returns 1 at once."""
+    from PySide6.QtWidgets import QMessageBox
+
+    afile = tmp_path / "notes.txt"
+    afile.write_text("x")
+    assert run(loop, run_studio(settings, afile)) == 1
+    assert "Cannot open the project" in capsys.readouterr().err
+    assert not [w for w in QApplication.topLevelWidgets()
+                if isinstance(w, QMessageBox) and w.isVisible()]
+
+
 def test_a_project_that_cannot_open_is_said_in_a_box_that_a_stop_closes(tmp_path, loop,
-                                                                       settings, capsys):
-    """The box does not block the loop: closing it returns 1; cancelling the session (what
-    SIGTERM does) while it is up closes it and raises nothing but CancelledError."""
+                                                                       settings, capsys,
+                                                                       monkeypatch):
+    """On a screen, the box does not block the loop: closing it returns 1; cancelling the
+    session (what SIGTERM does) while it is up closes it and raises nothing but
+    CancelledError."""
     import asyncio
 
     from PySide6.QtWidgets import QMessageBox
+
+    import studio.ui.app as app_module
+
+    monkeypatch.setattr(app_module, "_has_screen", lambda: True)  # as with a display
 
     afile = tmp_path / "notes.txt"
     afile.write_text("x")

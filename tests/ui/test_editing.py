@@ -96,7 +96,11 @@ def test_invalid_settings_are_flagged_next_to_the_field(tmp_path, loop, make_win
     assert re.search(r"must be [24]k\+1", p.error_text("num_frames")), p.error_text("num_frames")
     p.frames_spin.setValue(9)
     assert p.is_valid()
+    # unlocked, Generate draws a new seed: whatever the field holds does not block it
+    p.seed_lock.setChecked(False)
     p.seed_edit.setText("abc")
+    assert p.error_text("seed") == "" and p.generate_button.isEnabled()
+    p.seed_lock.setChecked(True)
     assert p.error_text("seed") == "is not a whole number (0 to 9223372036854775807)"
     p.seed_edit.setText("-5")
     assert p.error_text("seed") == "must be in [0, 9223372036854775807]"
