@@ -184,7 +184,8 @@ class JobExecutor:
         # called with each newly loaded runner (a rank applies its parallel plan here)
         self.on_runner_loaded: Callable[[FamilyRunner], None] | None = None
         # CPU only: before each job, use only the cores other processes leave free (set by
-        # WorkerConfig when no thread count is given; benches set their own and keep it)
+        # WorkerConfig under STUDIO_CPU_THREADS=auto: off by default, because the thread
+        # count changes the last bit of the pixels and a repeat must match exactly)
         self.auto_cpu_threads = False
         # set by a rank group's worker; recorded in each job's environment
         self.parallel_plan = "single device"
@@ -314,8 +315,18 @@ class JobExecutor:
         try:
             if is_cancelled():
                 raise JobCancelled(0)
-            if self.auto_cpu_threads and self.device.type == "cpu":
-                torch.set_num_threads(cpu_threads_for_load())
+            busy_note = ""
+            if self.device.type == "cpu":
+                others = other_runnable_threads(samples=2, interval_s=0.005)
+                cores = os.cpu_count() or 1
+                if self.auto_cpu_threads:
+                    torch.set_num_threads(cpu_threads_for_load(cores, others))
+                elif others >= cores and torch.get_num_threads() > 1:
+                    busy_note = (f"the CPU is busy ({others} threads of other programs ready "
+                                 f"to run on {cores} cores): this job may run many times "
+                                 f"slower; STUDIO_CPU_THREADS=auto runs jobs on the free "
+                                 f"cores instead, at the cost of pixel-exact repeats (the "
+                                 f"thread count changes the last bit)")
             request, entry = self.prepare(job)
             from studio.engine.profiles import levers_for
 
@@ -361,6 +372,8 @@ class JobExecutor:
             except Exception:  # a note must never fail a job
                 log.exception("job %s: checking the prompt's length failed", jid)
             out.notes.extend(getattr(runner, "precision_notes", []))
+            if busy_note:
+                out.notes.append(busy_note)
             frames = (np.clip(out.frames, 0.0, 1.0) * 255).round().astype(np.uint8)
             peak = max(peak, _rss_bytes())
             if self.device.type == "cuda":

@@ -33,6 +33,10 @@ from studio.engine.parallel.config import ParallelConfig
 EventFn = Callable[[ev.JobEvent], None]
 
 
+#: ``auto``: CPU jobs run on the cores other programs leave free (see WorkerConfig).
+CPU_THREADS_ENV = "STUDIO_CPU_THREADS"
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkerConfig:
     """What a worker needs to build its executor (picklable, for child processes).
@@ -41,8 +45,10 @@ class WorkerConfig:
         model_folders: the user's model folders.
         include_hf_cache: also resolve models from the HF cache.
         device: ``"auto"``, ``"cpu"`` or ``"cuda[:N]"``.
-        torch_threads: intra-op threads (0: on the CPU, before each job, the cores other
-            processes leave free: ``executor.cpu_threads_for_load``).
+        torch_threads: intra-op threads (0: torch's default; with ``STUDIO_CPU_THREADS=auto``,
+            on the CPU before each job, the cores other processes leave free:
+            ``executor.cpu_threads_for_load``. Off by default: the thread count changes the
+            last bit of the pixels, and a repeated request must match exactly).
         max_loaded: models kept loaded between jobs.
         preload: model ids a child-process worker loads as soon as it starts, so the first
             job does not wait for imports and loading (errors are left for that job to report).
@@ -75,7 +81,8 @@ class WorkerConfig:
                                  include_hf_cache=self.include_hf_cache)
         executor = JobExecutor(registry, device, max_loaded=self.max_loaded,
                                memory_budget_bytes=int(self.memory_budget_gb * 2**30))
-        executor.auto_cpu_threads = not self.torch_threads
+        executor.auto_cpu_threads = (not self.torch_threads
+                                     and os.environ.get(CPU_THREADS_ENV, "") == "auto")
         return executor
 
 

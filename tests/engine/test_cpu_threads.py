@@ -36,7 +36,12 @@ def test_threads_are_the_free_cores_and_at_least_one():
     assert cpu_threads_for_load(cores=16, others=3) == 13
 
 
-def test_the_worker_sets_auto_threads_only_without_an_explicit_count(monkeypatch):
+def test_auto_threads_are_opt_in_and_a_busy_cpu_gets_a_note(monkeypatch):
+    # off by default: the thread count changes the last bit, and repeats must match exactly
+    monkeypatch.delenv("STUDIO_CPU_THREADS", raising=False)
+    assert not WorkerConfig(device="cpu", include_hf_cache=False).build_executor() \
+        .auto_cpu_threads
+    monkeypatch.setenv("STUDIO_CPU_THREADS", "auto")
     assert WorkerConfig(device="cpu", include_hf_cache=False).build_executor().auto_cpu_threads
     explicit = WorkerConfig(device="cpu", include_hf_cache=False, torch_threads=1)
     before = torch.get_num_threads()
@@ -44,15 +49,21 @@ def test_the_worker_sets_auto_threads_only_without_an_explicit_count(monkeypatch
         assert not explicit.build_executor().auto_cpu_threads
     finally:
         torch.set_num_threads(before)
-    # an auto executor on a busy machine runs the job on one thread and records it
     executor = JobExecutor(ModelRegistry(include_hf_cache=False), torch.device("cpu"))
-    executor.auto_cpu_threads = True
-    monkeypatch.setattr(executor_module, "other_runnable_threads", lambda: 64)
+    monkeypatch.setattr(executor_module, "other_runnable_threads", lambda **kw: 64)
+    job = Job("j", GenerationRequest(mode="t2i", model="embedded", prompt="a red circle",
+                                     steps=1, width=64, height=64, num_frames=1, seed=1,
+                                     guidance_scale=4.0))
     try:
-        done = executor.execute(Job("j", GenerationRequest(
-            mode="t2i", model="embedded", prompt="a red circle", steps=1, width=64,
-            height=64, num_frames=1, seed=1, guidance_scale=4.0)), lambda e: None,
-            lambda: False)
+        # a busy machine, threads as set: the job says why it may be slow
+        torch.set_num_threads(2)
+        done = executor.execute(job, lambda e: None, lambda: False)
+        assert done.environment["torch_threads"] == 2
+        assert any(n.startswith("the CPU is busy (64 threads") for n in done.notes)
+        # auto: the job runs on one thread, records it, and needs no note
+        executor.auto_cpu_threads = True
+        done = executor.execute(job, lambda e: None, lambda: False)
         assert done.environment["torch_threads"] == 1
+        assert not any("CPU is busy" in n for n in done.notes)
     finally:
         torch.set_num_threads(before)
