@@ -113,13 +113,12 @@ def other_runnable_threads(loadavg: str = "/proc/loadavg", samples: int = 3,
     return min(counts)
 
 
-def cpu_threads_for_load(cores: int | None = None, others: int | None = None) -> int:
-    """Intra-op threads for a CPU job: the cores that other runnable threads leave free, at
-    least 1. With every core taken, more threads than cores make torch's thread pool wait
-    on its barriers behind the other process: a 64×64 image took 25 s instead of 0.4 s with
-    2 threads beside a 2-thread trainer on 2 cores (2026-12-05)."""
-    cores = cores or os.cpu_count() or 1
-    others = other_runnable_threads() if others is None else others
+def cpu_threads_for_load(cores: int, others: int) -> int:
+    """Intra-op threads for a CPU job: the ``cores`` that ``others`` runnable threads
+    (:func:`other_runnable_threads`) leave free, at least 1. With every core taken, more
+    threads than cores make torch's thread pool wait on its barriers behind the other
+    process: a 64×64 image took 25 s instead of 0.4 s with 2 threads beside a 2-thread
+    trainer on 2 cores (2026-12-05)."""
     return max(1, cores - others)
 
 
