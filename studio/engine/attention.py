@@ -85,10 +85,11 @@ def _unrouted_reason(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa) -> st
 
 
 class _Router(TorchFunctionMode):
-    def __init__(self, config: AttentionConfig, stats: AttentionStats,
-                 grid: tuple[int, int, int] | None, layouts: dict):
+    def __init__(self, config: AttentionConfig, stats: AttentionStats):
         super().__init__()
-        self.config, self.stats, self.grid, self.layouts = config, stats, grid, layouts
+        self.config, self.stats = config, stats
+        self.grid: tuple[int, int, int] | None = None  # the running forward's token grid
+        self.layouts: dict = {}  # block-sparse layouts by grid and settings
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -244,8 +245,8 @@ class _RootHook(ModelHook):
 
     def __init__(self, config: AttentionConfig, stats: AttentionStats):
         super().__init__()
-        self.config, self.stats, self.layouts = config, stats, {}
-        self.router = _Router(config, stats, None, self.layouts)
+        self.config = config
+        self.router = _Router(config, stats)
 
     def new_forward(self, module, *args, **kwargs):
         hidden = kwargs.get("hidden_states", args[0] if args else None)
@@ -264,20 +265,19 @@ class _RootHook(ModelHook):
             previous = _DISPATCH_ROUTERS.get(device)
             _DISPATCH_ROUTERS[device] = self.router
             try:
-                try:
-                    return self.fn_ref.original_forward(*args, **kwargs)
-                except (RuntimeError, ImportError) as exc:
-                    # In compiled code our kernels run after the router's try/except has
-                    # been traced away, so a kernel that fails to build (Triton) surfaces
-                    # here: mark it broken (the guards on _BROKEN then recompile to SDPA)
-                    # and run the step again.
-                    kernel = self.config.kernel
-                    if kernel in _BROKEN or not _raised_in_kernels(exc):
-                        raise
-                    _BROKEN.add(kernel)
-                    log.warning("attention: %s kernel failed under torch.compile (%s: %s); "
-                                "SDPA from now on", kernel, type(exc).__name__, str(exc)[:200])
-                    return self.fn_ref.original_forward(*args, **kwargs)
+                return self.fn_ref.original_forward(*args, **kwargs)
+            except (RuntimeError, ImportError) as exc:
+                # In compiled code our kernels run after the router's try/except has been
+                # traced away, so a kernel that fails to build (Triton) surfaces here: mark
+                # it broken (the guards on _BROKEN then recompile to SDPA) and run the step
+                # again.
+                kernel = self.config.kernel
+                if kernel in _BROKEN or not _raised_in_kernels(exc):
+                    raise
+                _BROKEN.add(kernel)
+                log.warning("attention: %s kernel failed under torch.compile (%s: %s); SDPA "
+                            "from now on", kernel, type(exc).__name__, str(exc)[:200])
+                return self.fn_ref.original_forward(*args, **kwargs)
             finally:
                 if previous is None:
                     _DISPATCH_ROUTERS.pop(device, None)

@@ -93,7 +93,7 @@ def test_masked_calls_stay_on_sdpa():
 
     q = torch.randn(1, 2, 5, 32)
     mask = torch.ones(5, 5, dtype=torch.bool)
-    with _Router(AttentionConfig(kernel="flash"), stats, None, {}):
+    with _Router(AttentionConfig(kernel="flash"), stats):
         out = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
     torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, q, q))
     assert stats["sdpa"] == 1 and stats["flash"] == 0
