@@ -80,6 +80,9 @@ SNAPSHOT_PARTS = (("transformer", "diffusion_pytorch_model.safetensors"),
                   ("text_encoder", "model.safetensors"))
 # parts a snapshot or an export may lack (added to a run under way; they then start fresh)
 OPTIONAL_SNAPSHOT_PARTS = (("reference_encoder", "model.safetensors"),)
+# heads of auxiliary losses that a run trains but no export holds (no EMA copy): a snapshot
+# carries their live weights, so a restored run does not start them fresh
+TRAINING_ONLY_PARTS = ("frame_head",)
 DECODER_KEYS = ("decoder.", "post_quant_conv.")
 
 
@@ -89,7 +92,10 @@ def snapshot_run(out: Path, committed: Path = Path("training/tiny")) -> dict:
     and, when ``out/decoder`` has a checkpoint, the decoder's weights (``decoder.*`` and
     ``post_quant_conv.*``, fp16, ``decoder.safetensors``), state and logs into
     ``committed/decoder-w16`` (each file written to a temporary name, then renamed), for
-    :func:`restore_run` on the next machine.
+    :func:`restore_run` on the next machine. The run's training-only heads
+    (:data:`TRAINING_ONLY_PARTS`, e.g. the frame-awareness head) go along as they are (live
+    weights, fp16); a head the run lacks is removed from the snapshot, so a restore never
+    pairs one run's head with another run's denoiser.
 
     Returns:
         The snapshot's state (``step``, ``elapsed_s``, ``seed``).
@@ -123,6 +129,16 @@ def snapshot_run(out: Path, committed: Path = Path("training/tiny")) -> dict:
         tmp = dest / f".ema_{part}.safetensors.tmp"
         save_file(weights, str(tmp))
         _replace(tmp, dest / f"ema_{part}.safetensors")
+    for part in TRAINING_ONLY_PARTS:
+        final = dest / f"{part}.safetensors"
+        if not (ckpt / f"{part}.safetensors").exists():
+            final.unlink(missing_ok=True)
+            continue
+        weights = {k: v.to(torch.float16).contiguous()
+                   for k, v in load_file(str(ckpt / f"{part}.safetensors")).items()}
+        tmp = dest / f".{part}.safetensors.tmp"
+        save_file(weights, str(tmp))
+        _replace(tmp, final)
     copies = [(ckpt / "state.json", dest / "state.json"),
               *((out / "dit" / log, committed / "dit" / log)
                 for log in ("train_log.jsonl", "eval_log.jsonl"))]
@@ -182,8 +198,9 @@ def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) 
     snapshot alone, with the VAE's own decoder when it has no decoder snapshot.
 
     The denoiser starts from the newer (by training step) of the snapshot's EMA weights and
-    the exported (EMA) weights: live and EMA copies alike, cast to fp32; the optimizer state
-    is not restored (AdamW restarts its moments). ``elapsed_s`` is the last logged time at or
+    the exported (EMA) weights: live and EMA copies alike, cast to fp32; from the snapshot
+    also its training-only heads (:data:`TRAINING_ONLY_PARTS`); the optimizer state is not
+    restored (AdamW restarts its moments). ``elapsed_s`` is the last logged time at or
     before that step in the denoiser's log (0 if none), and a ``restored_from`` line marks the
     restart in that log. Existing checkpoints under ``out`` are kept: restore only fills what
     is missing.
@@ -276,6 +293,12 @@ def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) 
         weights = {k: v.float().contiguous() for k, v in load_file(str(source)).items()}
         save_file(weights, str(dit / "checkpoint" / f"{part}.safetensors"))
         save_file(weights, str(dit / "checkpoint" / f"ema_{part}.safetensors"))
+    if origin == str(snap):  # the heads belong to the snapshot's denoiser, not to an export
+        for part in TRAINING_ONLY_PARTS:
+            if (snap / f"{part}.safetensors").exists():
+                weights = {k: v.float().contiguous()
+                           for k, v in load_file(str(snap / f"{part}.safetensors")).items()}
+                save_file(weights, str(dit / "checkpoint" / f"{part}.safetensors"))
     (dit / "checkpoint" / "state.json").write_text(
         json.dumps({"step": step, "elapsed_s": elapsed, "seed": 0}, indent=1))
     with open(log, "a") as fh:  # marks where the restored run picks up

@@ -379,3 +379,55 @@ def test_frame_awareness_trains_a_head_on_clip_steps_only(monkeypatch):
     seen.clear()
     _, metrics = task.loss(image, gen)
     assert "frame_ce" not in metrics and not seen
+
+
+def test_snapshot_and_restore_carry_the_frame_awareness_head(tmp_path, caplog):
+    """The frame-awareness head has no EMA copy and no place in an export: the snapshot
+    carries its live weights, so a restored run goes on with it instead of a fresh one."""
+    from safetensors.torch import save_file, save_model
+
+    from studio.tiny.train import restore_run, snapshot_run
+    from studio.train.loop import load_checkpoint
+
+    vae = build_vae(spatial_compression=SHIPPED_SPATIAL, temporal_compression=SHIPPED_SPATIAL)
+    torch.manual_seed(0)
+    task = DenoiserTask(torch.device("cpu"), vae, image_batch=2, clip_batch=1,
+                        frame_awareness=0.5, frame_awareness_block=1)
+    with torch.no_grad():
+        task.frame_head.weight.normal_()  # trained weights: not what a fresh head starts at
+    run = tmp_path / "run" / "dit" / "checkpoint"
+    run.mkdir(parents=True)
+    for name, module in task.modules().items():
+        save_model(module, str(run / f"{name}.safetensors"))
+    (run / "state.json").write_text(json.dumps({"step": 10 ** 6, "elapsed_s": 5.0, "seed": 0}))
+    committed = tmp_path / "committed"
+    shutil.copytree(REPO / "training" / "tiny" / "v3" / "vae", committed / "vae")
+    assert snapshot_run(tmp_path / "run", committed)["step"] == 10 ** 6
+    snap = committed / "dit" / "checkpoint"
+    head = load_file(str(snap / "frame_head.safetensors"))
+    assert set(head) == set(task.frame_head.state_dict())
+    assert all(v.dtype == torch.float16 for v in head.values())
+
+    # the snapshot is newer than the export: the restored run holds its head, and loads it
+    assert restore_run(tmp_path / "run2", SHIPPED, committed)["dit"] == (
+        f"restored from {snap} at step {10 ** 6}")
+    restored = load_file(str(tmp_path / "run2" / "dit" / "checkpoint" / "frame_head.safetensors"))
+    assert all(torch.equal(restored[k], v.float()) for k, v in head.items())
+    torch.manual_seed(1)
+    again = DenoiserTask(torch.device("cpu"), vae, image_batch=2, clip_batch=1,
+                         frame_awareness=0.5, frame_awareness_block=1)
+    with caplog.at_level("WARNING"):
+        assert load_checkpoint(tmp_path / "run2" / "dit", again)["step"] == 10 ** 6
+    assert "start fresh" not in caplog.text
+    assert torch.equal(again.frame_head.weight, head["weight"].float())
+
+    # a run without the head leaves no stale head in the snapshot
+    (run / "frame_head.safetensors").unlink()
+    snapshot_run(tmp_path / "run", committed)
+    assert not (snap / "frame_head.safetensors").exists()
+    # and a restore from an export (older snapshot) starts the head fresh
+    state = json.loads((snap / "state.json").read_text())
+    (snap / "state.json").write_text(json.dumps(state | {"step": 1}))
+    save_file({"weight": torch.ones(1)}, str(snap / "frame_head.safetensors"))
+    restore_run(tmp_path / "run3", SHIPPED, committed)
+    assert not (tmp_path / "run3" / "dit" / "checkpoint" / "frame_head.safetensors").exists()
