@@ -120,25 +120,23 @@ def snapshot_run(out: Path, committed: Path = Path("training/tiny")) -> dict:
             os.fsync(fh.fileno())
         os.replace(tmp, final)
 
+    def _write_fp16(src: Path, final: Path, keys: tuple[str, ...] = ("",)) -> None:
+        weights = {k: v.to(torch.float16).contiguous()
+                   for k, v in load_file(str(src)).items() if k.startswith(keys)}
+        tmp = final.with_name(f".{final.name}.tmp")
+        save_file(weights, str(tmp))
+        _replace(tmp, final)
+
     parts = [part for part, _ in SNAPSHOT_PARTS] + [
         part for part, _ in OPTIONAL_SNAPSHOT_PARTS
         if (ckpt / f"ema_{part}.safetensors").exists()]
     for part in parts:
-        weights = {k: v.to(torch.float16).contiguous()
-                   for k, v in load_file(str(ckpt / f"ema_{part}.safetensors")).items()}
-        tmp = dest / f".ema_{part}.safetensors.tmp"
-        save_file(weights, str(tmp))
-        _replace(tmp, dest / f"ema_{part}.safetensors")
+        _write_fp16(ckpt / f"ema_{part}.safetensors", dest / f"ema_{part}.safetensors")
     for part in TRAINING_ONLY_PARTS:
-        final = dest / f"{part}.safetensors"
-        if not (ckpt / f"{part}.safetensors").exists():
-            final.unlink(missing_ok=True)
-            continue
-        weights = {k: v.to(torch.float16).contiguous()
-                   for k, v in load_file(str(ckpt / f"{part}.safetensors")).items()}
-        tmp = dest / f".{part}.safetensors.tmp"
-        save_file(weights, str(tmp))
-        _replace(tmp, final)
+        if (ckpt / f"{part}.safetensors").exists():
+            _write_fp16(ckpt / f"{part}.safetensors", dest / f"{part}.safetensors")
+        else:
+            (dest / f"{part}.safetensors").unlink(missing_ok=True)
     copies = [(ckpt / "state.json", dest / "state.json"),
               *((out / "dit" / log, committed / "dit" / log)
                 for log in ("train_log.jsonl", "eval_log.jsonl"))]
@@ -146,12 +144,7 @@ def snapshot_run(out: Path, committed: Path = Path("training/tiny")) -> dict:
     if (decoder / "vae.safetensors").exists():  # the decoder export and sampling use
         ddest = committed / "decoder-w16" / "checkpoint"
         ddest.mkdir(parents=True, exist_ok=True)
-        weights = {k: v.to(torch.float16).contiguous()
-                   for k, v in load_file(str(decoder / "vae.safetensors")).items()
-                   if k.startswith(DECODER_KEYS)}
-        tmp = ddest / ".decoder.safetensors.tmp"
-        save_file(weights, str(tmp))
-        _replace(tmp, ddest / "decoder.safetensors")
+        _write_fp16(decoder / "vae.safetensors", ddest / "decoder.safetensors", DECODER_KEYS)
         copies += [(decoder / "state.json", ddest / "state.json"),
                    *((out / "decoder" / log, committed / "decoder-w16" / log)
                      for log in ("train_log.jsonl", "eval_log.jsonl"))]
@@ -271,12 +264,15 @@ def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) 
         return done
     every = SNAPSHOT_PARTS + OPTIONAL_SNAPSHOT_PARTS
     sources = {part: dest / part / file for part, file in every}
+    heads: dict[str, Path] = {}  # training-only heads: only a snapshot holds them
     origin = str(dest)
     if has_snapshot:
         snap_step = json.loads((snap / "state.json").read_text()).get("step")
         if isinstance(snap_step, int) and (step is None or snap_step > step):
             step, origin = snap_step, str(snap)
             sources = {part: snap / f"ema_{part}.safetensors" for part, _ in every}
+            heads = {part: snap / f"{part}.safetensors" for part in TRAINING_ONLY_PARTS
+                     if (snap / f"{part}.safetensors").exists()}
     optional = {part for part, _ in OPTIONAL_SNAPSHOT_PARTS}
     sources = {part: src for part, src in sources.items()
                if part not in optional or src.exists()}  # absent: the task starts it fresh
@@ -293,12 +289,9 @@ def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) 
         weights = {k: v.float().contiguous() for k, v in load_file(str(source)).items()}
         save_file(weights, str(dit / "checkpoint" / f"{part}.safetensors"))
         save_file(weights, str(dit / "checkpoint" / f"ema_{part}.safetensors"))
-    if origin == str(snap):  # the heads belong to the snapshot's denoiser, not to an export
-        for part in TRAINING_ONLY_PARTS:
-            if (snap / f"{part}.safetensors").exists():
-                weights = {k: v.float().contiguous()
-                           for k, v in load_file(str(snap / f"{part}.safetensors")).items()}
-                save_file(weights, str(dit / "checkpoint" / f"{part}.safetensors"))
+    for part, source in heads.items():
+        weights = {k: v.float().contiguous() for k, v in load_file(str(source)).items()}
+        save_file(weights, str(dit / "checkpoint" / f"{part}.safetensors"))
     (dit / "checkpoint" / "state.json").write_text(
         json.dumps({"step": step, "elapsed_s": elapsed, "seed": 0}, indent=1))
     with open(log, "a") as fh:  # marks where the restored run picks up
