@@ -308,9 +308,12 @@ class DenoiserTask(TrainTask):
     the learned velocity toward objects everywhere; at low noise the layout is visible in
     x_t and the weighted loss has the same minimiser as the plain one. ``motion_weight`` M
     adds ``M m`` on clips, ``m = |c_k - c_0|`` where a latent frame's objects are not where
-    they were in the first: the leading and trailing edges of the motion, where a denoiser
-    that leaves the object still is wrong (the 2x-VAE denoiser at step 3527 did: t2v motion
-    12.5 %, chance 17 %). It does not fade with noise: the direction is decided at high
+    they were in the first (``motion_anchor`` "first"; "middle": ``m = |c_k - c_mid|``, the
+    middle latent frame's, which also weighs the first frame, where the object must sit
+    behind its motion because a clip's stated position is its middle, and text-to-video
+    fails; training/README.md, session 31): the leading and trailing edges of the motion,
+    where a denoiser that leaves the object still is wrong (the 2x-VAE denoiser at step 3527
+    did: t2v motion 12.5 %, chance 17 %). It does not fade with noise: the direction is decided at high
     noise, where the world's small motion (0.18 of the frame over a clip) costs a still
     guess least; there the weight's bias pushes toward more motion, the error to correct.
     Measured (training/README.md, session 28): neither form, nor clip-only steps with M = 30,
@@ -340,7 +343,7 @@ class DenoiserTask(TrainTask):
                  reference_alignment: float = 0.0, reference_lr_scale: float = 1.0,
                  object_weight: float = 0.0, motion_weight: float = 0.0,
                  image_share: float | None = None, frame_awareness: float = 0.0,
-                 frame_awareness_block: int = 1):
+                 frame_awareness_block: int = 1, motion_anchor: str = "first"):
         import copy
 
         step_kinds = step_mix(reference_share, image_share)  # bad input fails before building
@@ -354,6 +357,9 @@ class DenoiserTask(TrainTask):
             if not 0.0 <= value <= 100.0:
                 raise ValueError(f"{name}={value}: must be in [0, 100]")
         self.object_weight, self.motion_weight = object_weight, motion_weight
+        if motion_anchor not in ("first", "middle"):
+            raise ValueError(f"motion_anchor={motion_anchor!r}: must be 'first' or 'middle'")
+        self.motion_anchor = motion_anchor
         if not 0.0 <= frame_awareness <= 10.0:
             raise ValueError(f"frame_awareness={frame_awareness}: must be in [0, 10]")
         if not 0 <= frame_awareness_block < 6:
@@ -492,7 +498,10 @@ class DenoiserTask(TrainTask):
             cover = batch.object_cover
             latent_weight = 1 + self.object_weight * cover * (1 - s).view(b, 1, 1, 1, 1)
             if getattr(self, "motion_weight", 0.0) and cover.shape[2] > 1:
-                latent_weight = latent_weight + self.motion_weight * (cover - cover[:, :, :1]).abs()
+                k = cover.shape[2] // 2 if getattr(self, "motion_anchor", "first") == "middle" \
+                    else 0
+                anchor = cover[:, :, k:k + 1]
+                latent_weight = latent_weight + self.motion_weight * (cover - anchor).abs()
         head = getattr(self, "frame_head", None)
         captured = []
         hook = None

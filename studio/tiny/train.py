@@ -332,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="decoder: extra loss weight on pixels that change between clip "
                              "frames; dit: M in the extra latent loss weight M * |objects in "
                              "frame k - objects in frame 0| (default 0)")
+    parser.add_argument("--motion-anchor", choices=("first", "middle"), default="first",
+                        help="dit: the latent frame the motion weight compares each frame "
+                             "with (default first; middle also weighs the first frame)")
     parser.add_argument("--adversarial-weight", type=float, default=0.0,
                         help="decoder: add a patch discriminator, its term scaled by this "
                              "times VQGAN's adaptive weight (default 0: pixel losses only)")
@@ -596,7 +599,8 @@ def _denoiser_stage(args, out: Path, device, vae, stop) -> int:
                         motion_weight=args.motion_weight if args.stage == "dit" else 0.0,
                         image_share=args.image_share,
                         frame_awareness=args.frame_awareness if args.stage == "dit" else 0.0,
-                        frame_awareness_block=args.frame_awareness_block)
+                        frame_awareness_block=args.frame_awareness_block,
+                        motion_anchor=args.motion_anchor)
     if args.stage == "dit":
         task.eval_modes = ("t2i", "t2v")  # motion is only seen in clips
         if args.init_denoiser is not None and not (out / "dit" / "checkpoint" /

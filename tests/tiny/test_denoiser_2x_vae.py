@@ -265,6 +265,15 @@ def test_object_weight_marks_the_objects_on_the_latent_grid_and_fades_with_noise
                                           np.zeros(1, bool), None, cover)
     task.loss(batch, torch.Generator().manual_seed(0))
     torch.testing.assert_close(seen["weight"], 1 + 5.0 * moved)
+    # anchored on the middle latent frame, the first frame (behind the motion) is weighed too
+    with pytest.raises(ValueError, match="motion_anchor="):
+        DenoiserTask(torch.device("cpu"), None, motion_anchor="last")
+    monkeypatch.setattr(task, "motion_anchor", "middle")
+    task.loss(batch, torch.Generator().manual_seed(0))
+    centred = (cover - cover[:, :, 2:3]).abs()
+    assert centred[:, :, 2].sum() == 0 and centred[:, :, 0].sum() > 0 and \
+        centred[:, :, -1].sum() > 0
+    torch.testing.assert_close(seen["weight"], 1 + 5.0 * centred)
 
 
 def test_the_latent_weight_makes_the_loss_a_weighted_mean():
