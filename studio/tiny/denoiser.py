@@ -313,9 +313,9 @@ class DenoiserTask(TrainTask):
     behind its motion because a clip's stated position is its middle, and text-to-video
     fails; training/README.md, session 31): the leading and trailing edges of the motion,
     where a denoiser that leaves the object still is wrong (the 2x-VAE denoiser at step 3527
-    did: t2v motion 12.5 %, chance 17 %). It does not fade with noise: the direction is decided at high
-    noise, where the world's small motion (0.18 of the frame over a clip) costs a still
-    guess least; there the weight's bias pushes toward more motion, the error to correct.
+    did: t2v motion 12.5 %, chance 17 %). It does not fade with noise: the direction is
+    decided at high noise, where the world's small motion (0.18 of the frame over a clip)
+    costs a still guess least; there the weight's bias pushes toward more motion, the error to correct.
     Measured (training/README.md, session 28): neither form, nor clip-only steps with M = 30,
     made the 2x-VAE denoiser's prediction depend on its motion words
     (``scripts/probe_motion_words.py``) in 2,500 steps.
@@ -336,6 +336,7 @@ class DenoiserTask(TrainTask):
 
     optional_modules = frozenset({"reference_encoder", "ema_reference_encoder", "frame_head"})
     step_kinds = step_mix()  # the default mix; an instance's comes from reference_share
+    motion_anchor = "first"  # the default; an instance's comes from motion_anchor
 
     def __init__(self, device: torch.device, vae, *, image_batch: int = 48,
                  clip_batch: int = 12, ema_decay: float = 0.999, pool: bool = False,
@@ -498,10 +499,9 @@ class DenoiserTask(TrainTask):
             cover = batch.object_cover
             latent_weight = 1 + self.object_weight * cover * (1 - s).view(b, 1, 1, 1, 1)
             if getattr(self, "motion_weight", 0.0) and cover.shape[2] > 1:
-                k = cover.shape[2] // 2 if getattr(self, "motion_anchor", "first") == "middle" \
-                    else 0
-                anchor = cover[:, :, k:k + 1]
-                latent_weight = latent_weight + self.motion_weight * (cover - anchor).abs()
+                k = cover.shape[2] // 2 if self.motion_anchor == "middle" else 0
+                latent_weight = latent_weight + self.motion_weight * (
+                    cover - cover[:, :, k:k + 1]).abs()
         head = getattr(self, "frame_head", None)
         captured = []
         hook = None

@@ -285,13 +285,11 @@ def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) 
             if row.get("step", step + 1) <= step and "elapsed_s" in row:
                 elapsed = max(elapsed, float(row["elapsed_s"]))
     (dit / "checkpoint").mkdir(parents=True, exist_ok=True)
-    for part, source in sources.items():
+    for part, source in (sources | heads).items():
         weights = {k: v.float().contiguous() for k, v in load_file(str(source)).items()}
         save_file(weights, str(dit / "checkpoint" / f"{part}.safetensors"))
-        save_file(weights, str(dit / "checkpoint" / f"ema_{part}.safetensors"))
-    for part, source in heads.items():
-        weights = {k: v.float().contiguous() for k, v in load_file(str(source)).items()}
-        save_file(weights, str(dit / "checkpoint" / f"{part}.safetensors"))
+        if part not in heads:  # the heads have no EMA copy
+            save_file(weights, str(dit / "checkpoint" / f"ema_{part}.safetensors"))
     (dit / "checkpoint" / "state.json").write_text(
         json.dumps({"step": step, "elapsed_s": elapsed, "seed": 0}, indent=1))
     with open(log, "a") as fh:  # marks where the restored run picks up
@@ -331,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--motion-weight", type=float, default=0.0,
                         help="decoder: extra loss weight on pixels that change between clip "
                              "frames; dit: M in the extra latent loss weight M * |objects in "
-                             "frame k - objects in frame 0| (default 0)")
+                             "frame k - objects in the --motion-anchor frame| (default 0)")
     parser.add_argument("--motion-anchor", choices=("first", "middle"), default="first",
                         help="dit: the latent frame the motion weight compares each frame "
                              "with (default first; middle also weighs the first frame)")
