@@ -89,7 +89,7 @@ DECODER_KEYS = ("decoder.", "post_quant_conv.")
 def snapshot_run(out: Path, committed: Path = Path("training/tiny")) -> dict:
     """Writes the denoiser run's EMA weights (fp16 safetensors, ``ema_transformer`` and
     ``ema_text_encoder``), ``state.json`` and logs from ``out/dit`` into ``committed/dit``,
-    and, when ``out/decoder`` has a checkpoint, the decoder's weights (``decoder.*`` and
+    and, when ``out/decoder`` has a trained checkpoint (step > 0), the decoder's weights (``decoder.*`` and
     ``post_quant_conv.*``, fp16, ``decoder.safetensors``), state and logs into
     ``committed/decoder-w16`` (each file written to a temporary name, then renamed), for
     :func:`restore_run` on the next machine. The run's training-only heads
@@ -141,7 +141,12 @@ def snapshot_run(out: Path, committed: Path = Path("training/tiny")) -> dict:
               *((out / "dit" / log, committed / "dit" / log)
                 for log in ("train_log.jsonl", "eval_log.jsonl"))]
     decoder = out / "decoder" / "checkpoint"
-    if (decoder / "vae.safetensors").exists():  # the decoder export and sampling use
+    decoder_state = decoder / "state.json"
+    decoder_step = (json.loads(decoder_state.read_text()).get("step", 0)
+                    if decoder_state.exists() else 0)
+    # the decoder export and sampling use; at step 0 it is the shipped VAE's (what restore
+    # wrote when there was no decoder snapshot), which the next restore takes from there
+    if (decoder / "vae.safetensors").exists() and decoder_step > 0:
         ddest = committed / "decoder-w16" / "checkpoint"
         ddest.mkdir(parents=True, exist_ok=True)
         _write_fp16(decoder / "vae.safetensors", ddest / "decoder.safetensors", DECODER_KEYS)

@@ -373,7 +373,12 @@ def test_snapshot_and_restore_carry_a_run_through_the_repository(tmp_path, capsy
     ema = dict(task.ema_transformer.state_dict())
     assert all(v.dtype == torch.float16 and torch.equal(v, ema[k].half()) for k, v in snap.items())
     assert any(not torch.equal(v.float(), shipped_t[k].float()) for k, v in snap.items())
-    # the decoder goes along: its snapshot (fp16) is what the next restore decodes with
+    # a decoder restore took from the shipped VAE (step 0) stays out of the snapshot ...
+    assert not (committed / "decoder-w16").exists()
+    # ... a trained one goes along: its snapshot (fp16) is what the next restore decodes with
+    (run / "decoder" / "checkpoint" / "state.json").write_text(
+        json.dumps({"step": 50, "elapsed_s": 3.0, "seed": 0}))
+    assert snapshot_run(run, committed)["step"] == step + 2
     dsnap = load_file(committed / "decoder-w16" / "checkpoint" / "decoder.safetensors")
     assert set(dsnap) == {k for k in shipped_vae if k.startswith(("decoder.", "post_quant"))}
     dsnap["decoder.conv_out.bias"] = dsnap["decoder.conv_out.bias"] + 1  # a later decoder
