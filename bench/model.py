@@ -26,6 +26,9 @@ measures only that ceiling, for the VAE of a training run (``python -m studio.ti
 --out RUN``; the decoder stage's, if trained) instead of the shipped one: the check that
 decides whether a new VAE is worth training a denoiser on.
 
+Each mode's report also counts its wrong readings by kind (``errors``: e.g. ``"right->still"``,
+``"red->orange"``; ``studio.tiny.evaluate.error_counts``), for colour, shape and motion.
+
 Speed: the model's load time (weights from disk to a ready runner, in this process, once the
 pipeline's Python modules are imported; the first load, with the imports, is reported
 beside it), and the median total job time of ``--runs`` text-to-image (64x64, 20 steps)
@@ -210,7 +213,10 @@ def score(mode: str, samples: list[Sample], outputs: list[np.ndarray]) -> dict:
     result = {"prompts": len(samples), "accuracy": accuracy,
               "chance": {k: v for k, v in report.chance.items() if k in accuracy},
               "counts": {k: v for k, v in report.counts.items() if k in accuracy},
-              "position_axes": evaluate.position_axes(report)}
+              "position_axes": evaluate.position_axes(report),
+              # the wrong readings by kind ("expected->read"), the eight most frequent
+              "errors": {key: dict(list(evaluate.error_counts(report, key).items())[:8])
+                         for key in ("colour", "shape", "motion") if key in report.accuracy}}
     if mode == "i2v":
         from bench.cpu import psnr_ssim
 

@@ -565,6 +565,29 @@ def position_axes(report: EvalReport) -> dict[str, float]:
     return {"row": float(np.mean(rows)), "column": float(np.mean(columns))}
 
 
+def error_counts(report: EvalReport, attribute: str) -> dict[str, int]:
+    """The wrong readings of one object attribute, counted by kind: ``"expected->read"``
+    (``"expected->missing"`` when no detection was paired with the object), most frequent
+    first. What an accuracy alone hides: e.g. whether wrong clips read "still" (too little
+    motion) or the opposite direction.
+
+    Raises:
+        ValueError: ``attribute`` not one of ``OBJECT_ATTRIBUTES``.
+    """
+    if attribute not in OBJECT_ATTRIBUTES:
+        raise ValueError(f"attribute={attribute!r}: must be one of {OBJECT_ATTRIBUTES}")
+    counts: dict[str, int] = {}
+    for item in report.details:
+        for expected, found in zip(item["expected"], item["matched"], strict=True):
+            if attribute not in expected:  # motion of an image
+                continue
+            read = "missing" if found is None else found[attribute]
+            if read != expected[attribute]:
+                key = f"{expected[attribute]}->{read}"
+                counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def score_mode(generate: Callable[[list[str]], np.ndarray], mode: str = "t2i", *, n: int = 256,
                seed: int = 0, batch_size: int = 32) -> EvalReport:
     """Scores a generator on the held-out prompts of a mode (``world.eval_prompts``).

@@ -65,6 +65,15 @@ def test_the_scorer_passes_perfect_outputs_and_fails_shuffled_ones(mode, caps):
                                                   shuffled["reference_shape_match"])
     else:
         assert shuffled["accuracy"]["colour"] < 0.5
+        # the wrong readings are counted by kind: none on perfect outputs, many when shuffled
+        assert sum(perfect["errors"]["colour"].values()) <= 0.05 * 24
+        wrong = shuffled["errors"]["colour"]
+        n_wrong = round((1 - shuffled["accuracy"]["colour"]) * shuffled["counts"]["colour"])
+        assert all("->" in k for k in wrong) and len(wrong) <= 8
+        assert sum(wrong.values()) == n_wrong if len(wrong) < 8 else n_wrong >= 12
+        assert list(wrong.values()) == sorted(wrong.values(), reverse=True)
+    if mode in ("t2v", "i2v"):
+        assert "motion" in shuffled["errors"]
     if mode == "i2v":
         assert perfect["first_frame_psnr_db"]["mean"] > 60
         assert shuffled["first_frame_psnr_db"]["mean"] < 30

@@ -133,6 +133,31 @@ def test_a_single_wrong_attribute_is_caught(renders, attribute):
             assert accuracy >= 0.98, (name, report.summary())
 
 
+def test_error_counts_tell_a_still_clip_from_a_wrong_direction(renders):
+    """Clips rendered with no travel read "<direction>->still"; clips moving the opposite way
+    read "<direction>-><opposite>"; the counts add up to the wrong objects."""
+    specs = [s for s in renders["t2v"][0][:80]
+             if len(s.objects) == 1 and s.objects[0].motion in ("left", "right", "up", "down")]
+    assert len(specs) >= 10
+    with w.motion_distance(0.0):
+        still = ev.evaluate([w.render_clip(s) for s in specs], specs)
+    counts = ev.error_counts(still, "motion")
+    assert sum(counts.values()) == len(specs)
+    assert all(k.endswith("->still") for k in counts), counts
+    assert list(counts.values()) == sorted(counts.values(), reverse=True)
+    opposite = {"left": "right", "right": "left", "up": "down", "down": "up"}
+    flipped = [dataclasses.replace(s, objects=(dataclasses.replace(
+        s.objects[0], motion=opposite[s.objects[0].motion]),)) for s in specs]
+    backwards = ev.evaluate([w.render_clip(s) for s in flipped], specs)
+    assert ev.error_counts(backwards, "motion") == {
+        k: v for k, v in sorted(
+            {f"{m}->{opposite[m]}": sum(s.objects[0].motion == m for s in specs)
+             for m in opposite}.items(), key=lambda kv: (-kv[1], kv[0])) if v}
+    assert ev.error_counts(backwards, "colour") == {}
+    with pytest.raises(ValueError, match="attribute='speed'"):
+        ev.error_counts(still, "speed")
+
+
 @pytest.mark.parametrize("video", [False, True])
 def test_two_object_training_scenes(video):
     rng = np.random.default_rng(11)
