@@ -211,6 +211,9 @@ class DenoiserBatch(NamedTuple):
         object_cover: with ``DenoiserTask.object_weight``: float32 (B, 1, f, h, w) in [0, 1]
             on the latent grid, where the scene's objects are (:meth:`DenoiserTask.
             latent_coverage`); else None.
+        motion_target: with ``DenoiserTask.motion_awareness`` on clip steps: the
+            :func:`motion_targets` of the scenes, ``(target (B, f, 3), known (B,))``, where
+            ``known`` is also False for a dropped caption; else None.
     """
 
     captions: list[str]
@@ -219,6 +222,7 @@ class DenoiserBatch(NamedTuple):
     first_frame: np.ndarray
     ref_objects: list[tuple[str, str]] | None = None
     object_cover: torch.Tensor | None = None
+    motion_target: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def reference_word_targets(task: DenoiserTask, objects: list[tuple[str, str]],
@@ -279,6 +283,89 @@ def frame_awareness_loss(head: torch.nn.Module, hidden: torch.Tensor,
     return loss, accuracy
 
 
+def motion_targets(specs, temporal: int, frames: int = CLIP_FRAMES,
+                   device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each clip's object is at each latent frame, relative to the clip's middle: the
+    targets of :func:`motion_awareness_loss`.
+
+    Latent frame 0 encodes frame 0, latent frame k the k-th group of ``temporal`` frames after
+    it (Wan's causal VAE); a latent frame's time is the mean of its frames' clip times
+    (``world.frame_times``). The object's state (``world.object_state``) at that time minus
+    its state at the middle (t = 0) gives ``dx / (W * MOTION_DISTANCE)``,
+    ``dy / (H * MOTION_DISTANCE)`` and ``log(extent ratio) / log(GROWTH)``: each in
+    [-0.5, 0.5], 0 for a still object.
+
+    Args:
+        specs: B ``world.SceneSpec`` clips.
+        temporal: the VAE's temporal compression (frames per latent frame after the first).
+        frames: pixel frames per clip, ``1 + k * temporal``.
+    Returns:
+        ``(target float32 (B, f, 3), known bool (B,))``, f = ``1 + (frames - 1) // temporal``;
+        ``known`` is True for one-object clips (two objects may move differently; their rows
+        are zero).
+    Raises:
+        ValueError: ``frames`` not ``1 + k * temporal`` with k >= 1.
+    """
+    if temporal < 1 or frames < 1 + temporal or (frames - 1) % temporal:
+        raise ValueError(f"frames={frames}: must be 1 + k * {temporal} with k >= 1")
+    times = world.frame_times(frames)
+    groups = [times[:1]] + [times[1 + k * temporal:1 + (k + 1) * temporal]
+                            for k in range((frames - 1) // temporal)]
+    latent_times = [float(np.mean(g)) for g in groups]
+    target = np.zeros((len(specs), len(latent_times), 3), np.float32)
+    known = np.zeros(len(specs), bool)
+    for b, spec in enumerate(specs):
+        if len(spec.objects) != 1:
+            continue
+        known[b] = True
+        obj = spec.objects[0]
+        x0, y0, e0 = world.object_state(obj, 0.0, SIZE, SIZE)
+        for k, t in enumerate(latent_times):
+            x, y, e = world.object_state(obj, t, SIZE, SIZE)
+            target[b, k] = ((x - x0) / (SIZE * world.MOTION_DISTANCE),
+                            (y - y0) / (SIZE * world.MOTION_DISTANCE),
+                            np.log(e / e0) / np.log(world.GROWTH))
+    return torch.from_numpy(target).to(device), torch.from_numpy(known).to(device)
+
+
+def motion_awareness_loss(head: torch.nn.Module, hidden: torch.Tensor, frames: int,
+                          target: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+    """Squared error of a linear read-out of each latent frame's object displacement from a
+    block's output (each frame's tokens averaged): an auxiliary training loss like
+    :func:`frame_awareness_loss` (after REPA, Yu et al. 2024), aimed at text-to-video motion.
+
+    Why: a clip's stated position is its middle frame's, so in text-to-video the first latent
+    frame must put the object behind its motion, which only the motion words tell; the
+    denoiser leaves such clips still (training/README.md, session 32: 18 of the 25 wrong
+    motions of step 16000 read "still", none the opposite way). The read-out asks every
+    token of frame k to carry "the object is d_k from its middle position" (motion word x
+    frame time) early in the network.
+
+    Args:
+        head: maps (..., D) to (..., 3).
+        hidden: (B, N, D) tokens of one block, frame-major, ``frames`` token frames (an
+            appended reference frame last, which is not read).
+        frames: token frames in the sequence.
+        target: (B, f, 3) from :func:`motion_targets`, f <= ``frames``.
+        known: bool (B,): the items scored.
+    Returns:
+        The mean squared error over the known items' frames and components (a 0-dim tensor;
+        0, still in the graph, when no item is known).
+    Raises:
+        ValueError: N not a multiple of ``frames``, or more target frames than ``frames``.
+    """
+    b, n, d = hidden.shape
+    f = target.shape[1]
+    if frames < 1 or n % frames:
+        raise ValueError(f"frames={frames}: must divide the {n} tokens")
+    if f > frames:
+        raise ValueError(f"target has {f} frames, more than the {frames} token frames")
+    pooled = hidden.float().reshape(b, frames, n // frames, d).mean(2)[:, :f]  # (B, f, D)
+    err = (head(pooled) - target).pow(2).mean(dim=(1, 2))  # (B,)
+    weight = known.to(err.dtype)
+    return (err * weight).sum() / weight.sum().clamp_min(1.0)
+
+
 class DenoiserTask(TrainTask):
     """Flow matching (rectified flow) of the Wan denoiser and the text encoder on VAE latents.
 
@@ -331,10 +418,14 @@ class DenoiserTask(TrainTask):
 
     ``frame_awareness`` F > 0 adds, on clip steps, F times :func:`frame_awareness_loss` of a
     linear head (module ``frame_head``, trained, not exported) reading each token's latent
-    frame from the output of block ``frame_awareness_block``.
+    frame from the output of block ``frame_awareness_block``. ``motion_awareness`` A > 0 adds,
+    on clip steps, A times :func:`motion_awareness_loss` of a linear head (module
+    ``motion_head``, trained, not exported) reading each latent frame's object displacement
+    from the same block's output.
     """
 
-    optional_modules = frozenset({"reference_encoder", "ema_reference_encoder", "frame_head"})
+    optional_modules = frozenset({"reference_encoder", "ema_reference_encoder", "frame_head",
+                                  "motion_head"})
     step_kinds = step_mix()  # the default mix; an instance's comes from reference_share
     motion_anchor = "first"  # the default; an instance's comes from motion_anchor
 
@@ -344,7 +435,8 @@ class DenoiserTask(TrainTask):
                  reference_alignment: float = 0.0, reference_lr_scale: float = 1.0,
                  object_weight: float = 0.0, motion_weight: float = 0.0,
                  image_share: float | None = None, frame_awareness: float = 0.0,
-                 frame_awareness_block: int = 1, motion_anchor: str = "first"):
+                 frame_awareness_block: int = 1, motion_anchor: str = "first",
+                 motion_awareness: float = 0.0):
         import copy
 
         step_kinds = step_mix(reference_share, image_share)  # bad input fails before building
@@ -366,6 +458,9 @@ class DenoiserTask(TrainTask):
         if not 0 <= frame_awareness_block < 6:
             raise ValueError(f"frame_awareness_block={frame_awareness_block}: must be in [0, 5]")
         self.frame_awareness, self.frame_awareness_block = frame_awareness, frame_awareness_block
+        if not 0.0 <= motion_awareness <= 10.0:
+            raise ValueError(f"motion_awareness={motion_awareness}: must be in [0, 10]")
+        self.motion_awareness = motion_awareness
         self.eval_modes = ("t2i",)  # each checkpoint's eval line; the dit stage adds "t2v"
         self.noise_level_mean = noise_level_mean
         self.reference_alignment, self.reference_lr_scale = reference_alignment, reference_lr_scale
@@ -384,6 +479,11 @@ class DenoiserTask(TrainTask):
             dim = self.transformer.config.num_attention_heads * \
                 self.transformer.config.attention_head_dim
             self.frame_head = torch.nn.Linear(dim, MAX_TOKEN_FRAMES).to(device)
+        self.motion_head = None
+        if motion_awareness > 0:
+            dim = self.transformer.config.num_attention_heads * \
+                self.transformer.config.attention_head_dim
+            self.motion_head = torch.nn.Linear(dim, 3).to(device)
         self.image_batch, self.clip_batch, self.ema_decay = image_batch, clip_batch, ema_decay
         self.step_kinds = step_kinds
         self.latents_mean, self.latents_std = self.latent_stats()
@@ -394,8 +494,9 @@ class DenoiserTask(TrainTask):
                    "reference_encoder": self.reference_encoder,
                    "ema_text_encoder": self.ema_text, "ema_transformer": self.ema_transformer,
                    "ema_reference_encoder": self.ema_reference_encoder}
-        if getattr(self, "frame_head", None) is not None:
-            modules["frame_head"] = self.frame_head
+        for name in ("frame_head", "motion_head"):
+            if getattr(self, name, None) is not None:
+                modules[name] = getattr(self, name)
         return modules
 
     def lr_scales(self) -> dict[str, float]:
@@ -452,6 +553,16 @@ class DenoiserTask(TrainTask):
         cover = torch.nn.functional.max_pool3d(cover, (1, sc, sc))
         return torch.nn.functional.max_pool3d(cover, (1, 3, 3), 1, (0, 1, 1))
 
+    def motion_targets(self, specs, video: bool, dropped: np.ndarray
+                       ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """:func:`motion_targets` of a clip batch, items whose caption was dropped
+        (``dropped``, bool (B,)) unknown; None for images or without ``motion_awareness``."""
+        if not video or not getattr(self, "motion_awareness", 0.0):
+            return None
+        target, known = motion_targets(specs, temporal_compression_of(self.vae),
+                                       device=self.device)
+        return target, known & ~torch.from_numpy(np.asarray(dropped, bool)).to(self.device)
+
     def batch(self, rng):
         if getattr(self, "pool", None) is not None:
             return self.pool.batch(rng)
@@ -474,7 +585,8 @@ class DenoiserTask(TrainTask):
         drop = rng.random(n) < 0.1
         captions = ["" if d else c for c, d in zip(captions, drop, strict=True)]
         return DenoiserBatch(captions, pixels, refs, first_frame, objects,
-                             self.latent_coverage(specs, video))
+                             self.latent_coverage(specs, video),
+                             self.motion_targets(specs, video, drop))
 
     def loss(self, batch: DenoiserBatch, gen):
         captions, pixels, refs, first_frame, ref_objects = batch[:5]
@@ -503,9 +615,10 @@ class DenoiserTask(TrainTask):
                 latent_weight = latent_weight + self.motion_weight * (
                     cover - cover[:, :, k:k + 1]).abs()
         head = getattr(self, "frame_head", None)
+        motion_head = getattr(self, "motion_head", None)
         captured = []
         hook = None
-        if head is not None and x0.shape[2] > 1:
+        if (head is not None or motion_head is not None) and x0.shape[2] > 1:
             block = self.transformer.blocks[self.frame_awareness_block]
             hook = block.register_forward_hook(lambda _m, _a, out: captured.append(out))
         try:
@@ -515,11 +628,16 @@ class DenoiserTask(TrainTask):
             if hook is not None:
                 hook.remove()
         metrics = {}
-        if captured:
-            frames = x0.shape[2] + (1 if ref is not None else 0)
+        frames = x0.shape[2] + (1 if ref is not None else 0)
+        if captured and head is not None:
             aware, accuracy = frame_awareness_loss(head, captured[0], frames)
             loss = loss + self.frame_awareness * aware
             metrics["frame_ce"], metrics["frame_acc"] = float(aware.detach()), accuracy
+        if captured and motion_head is not None and batch.motion_target is not None:
+            target, known = batch.motion_target
+            moved = motion_awareness_loss(motion_head, captured[0], frames, target, known)
+            loss = loss + self.motion_awareness * moved
+            metrics["motion_mse"] = float(moved.detach())
         if ref is not None and getattr(self, "reference_alignment", 0.0) > 0:
             if ref_objects is None:
                 raise ValueError("reference_alignment needs the batch's ref_objects")
@@ -696,8 +814,10 @@ class LatentPool:
         first_frame = (rng.random(n) < 0.4) if kind == "clip" else np.zeros(n, bool)
         drop = rng.random(n) < 0.1
         captions = ["" if d else c for c, d in zip(captions, drop, strict=True)]
+        specs = [p[0] for p in picked]
         return DenoiserBatch(captions, latents, refs, first_frame, objects,
-                             self.task.latent_coverage([p[0] for p in picked], video))
+                             self.task.latent_coverage(specs, video),
+                             self.task.motion_targets(specs, video, drop))
 
 
 def _ridge(x: torch.Tensor, y: torch.Tensor, ridge: float,

@@ -82,7 +82,7 @@ SNAPSHOT_PARTS = (("transformer", "diffusion_pytorch_model.safetensors"),
 OPTIONAL_SNAPSHOT_PARTS = (("reference_encoder", "model.safetensors"),)
 # heads of auxiliary losses that a run trains but no export holds (no EMA copy): a snapshot
 # carries their live weights, so a restored run does not start them fresh
-TRAINING_ONLY_PARTS = ("frame_head",)
+TRAINING_ONLY_PARTS = ("frame_head", "motion_head")
 DECODER_KEYS = ("decoder.", "post_quant_conv.")
 
 
@@ -394,7 +394,13 @@ def main(argv: list[str] | None = None) -> int:
                              "frame from block --frame-awareness-block's output through a "
                              "linear head (not exported; default 0: off)")
     parser.add_argument("--frame-awareness-block", type=int, default=1,
-                        help="dit: the block whose output the frame head reads (0-5; default 1)")
+                        help="dit: the block whose output the frame head (and the motion "
+                             "head) reads (0-5; default 1)")
+    parser.add_argument("--motion-awareness", type=float, default=0.0,
+                        help="dit: weight of an auxiliary loss reading each latent frame's "
+                             "object displacement from its middle position (one-object "
+                             "clips) from block --frame-awareness-block's output through a "
+                             "linear head (not exported; default 0: off; 0-10)")
     parser.add_argument("--reference-alignment", type=float, default=0.0,
                         help="dit: weight of the loss pulling the first two reference tokens "
                              "onto the text embeddings of the object's colour and shape words "
@@ -442,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--gradient-tilt must be in [0, 1], got {args.gradient_tilt}")
     if not 0 <= args.frame_awareness <= 10:
         parser.error(f"--frame-awareness must be in [0, 10], got {args.frame_awareness}")
+    if not 0 <= args.motion_awareness <= 10:
+        parser.error(f"--motion-awareness must be in [0, 10], got {args.motion_awareness}")
     if not 0 <= args.frame_awareness_block <= 5:
         parser.error(f"--frame-awareness-block must be in [0, 5], got "
                      f"{args.frame_awareness_block}")
@@ -603,7 +611,8 @@ def _denoiser_stage(args, out: Path, device, vae, stop) -> int:
                         image_share=args.image_share,
                         frame_awareness=args.frame_awareness if args.stage == "dit" else 0.0,
                         frame_awareness_block=args.frame_awareness_block,
-                        motion_anchor=args.motion_anchor)
+                        motion_anchor=args.motion_anchor,
+                        motion_awareness=args.motion_awareness if args.stage == "dit" else 0.0)
     if args.stage == "dit":
         task.eval_modes = ("t2i", "t2v")  # motion is only seen in clips
         if args.init_denoiser is not None and not (out / "dit" / "checkpoint" /

@@ -440,3 +440,107 @@ def test_snapshot_and_restore_carry_the_frame_awareness_head(tmp_path, caplog):
     save_file({"weight": torch.ones(1)}, str(snap / "frame_head.safetensors"))
     restore_run(tmp_path / "run3", SHIPPED, committed)
     assert not (tmp_path / "run3" / "dit" / "checkpoint" / "frame_head.safetensors").exists()
+
+
+def test_motion_targets_follow_the_world_and_the_vae_frame_groups():
+    from studio.tiny import world
+    from studio.tiny.denoiser import motion_targets
+
+    def clip(*objects):
+        return world.SceneSpec("grass", tuple(objects), video=True)
+
+    right = world.ObjectSpec("red", "circle", "small", "center", "right")
+    up = world.ObjectSpec("blue", "star", "large", "left", "up")
+    grow = world.ObjectSpec("red", "square", "small", "center", "growing")
+    still = world.ObjectSpec("red", "square", "small", "center", "still")
+    target, known = motion_targets([clip(right), clip(up), clip(grow), clip(still),
+                                    clip(right, still)], temporal=2)
+    assert target.shape == (5, 5, 3) and target.dtype == torch.float32
+    assert known.tolist() == [True, True, True, True, False]
+    # 9 frames at times -0.5..0.5; latent frames: {0}, {1,2}, {3,4}, {5,6}, {7,8}
+    times = torch.tensor([-0.5, -0.3125, -0.0625, 0.1875, 0.4375])
+    torch.testing.assert_close(target[0, :, 0], times)  # moving right: +x, in the unit travel
+    assert target[0, :, 1:].abs().max() == 0
+    torch.testing.assert_close(target[1, :, 1], -times)  # moving up: -y
+    torch.testing.assert_close(target[2, :, 2], times)  # growing: log extent in log(GROWTH)s
+    assert target[3].abs().max() == 0 and target[4].abs().max() == 0
+    assert motion_targets([clip(right)], temporal=4)[0].shape == (1, 3, 3)
+    with pytest.raises(ValueError, match="frames=8"):
+        motion_targets([clip(right)], temporal=2, frames=8)
+
+
+def test_motion_awareness_loss_reads_each_frames_displacement_and_can_fail():
+    from studio.tiny.denoiser import motion_awareness_loss
+
+    frames, per_frame, dim = 6, 4, 16  # 5 clip frames and an appended reference frame
+    target = torch.linspace(-0.5, 0.5, 5).view(1, 5, 1).expand(2, 5, 3).clone()
+    target[1] *= -1
+    head = torch.nn.Linear(dim, 3)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        head.weight[:, 0] = 1.0
+    hidden = torch.zeros(2, frames * per_frame, dim)  # channel 0 holds the displacement
+    for k in range(5):
+        hidden[:, k * per_frame:(k + 1) * per_frame, 0] = target[:, k, :1]
+    hidden[:, 5 * per_frame:, 0] = 99.0  # the reference frame is not read
+    known = torch.tensor([True, True])
+    assert motion_awareness_loss(head, hidden, frames, target, known).item() < 1e-10
+    flipped = torch.cat([hidden[:, :5 * per_frame].flip(1), hidden[:, 5 * per_frame:]], 1)
+    assert motion_awareness_loss(head, flipped, frames, target, known).item() > 0.1
+    # only known items count; none known: zero, still differentiable
+    wrong = hidden.clone()
+    wrong[1] = flipped[1]
+    assert motion_awareness_loss(head, wrong, frames, target,
+                                 torch.tensor([True, False])).item() < 1e-10
+    none = motion_awareness_loss(head, wrong, frames, target, torch.tensor([False, False]))
+    assert none.item() == 0 and none.requires_grad
+    with pytest.raises(ValueError, match="frames=5"):
+        motion_awareness_loss(head, hidden, 5, target, known)
+    with pytest.raises(ValueError, match="7 frames, more than the 6"):
+        motion_awareness_loss(head, hidden, frames, torch.zeros(2, 7, 3), known)
+
+
+def test_motion_awareness_trains_a_head_on_known_clips(monkeypatch):
+    import studio.tiny.denoiser as denoiser_module
+
+    torch.manual_seed(0)
+    vae = build_vae(spatial_compression=2, temporal_compression=2)
+    with pytest.raises(ValueError, match="motion_awareness="):
+        DenoiserTask(torch.device("cpu"), vae, motion_awareness=11.0)
+    task = DenoiserTask(torch.device("cpu"), vae, image_batch=2, clip_batch=2,
+                        motion_awareness=2.0)
+    assert "motion_head" in task.modules() and "motion_head" in task.optional_modules
+    assert task.frame_head is None
+    # the pixel path hands clip batches their targets, dropped captions unknown
+    rng = np.random.default_rng(0)
+    task.step_kinds = {"clip": 1.0}
+    batch = task.batch(rng)
+    target, known = batch.motion_target
+    assert target.shape == (2, 5, 3)
+    one = [c != "" for c in batch.captions]
+    assert known.tolist() == [k and o for k, o in zip(known.tolist(), one, strict=True)]
+    task.step_kinds = {"image": 1.0}
+    assert task.batch(rng).motion_target is None
+    # the auxiliary term is the weighted squared error on top of the flow-matching loss
+    right = denoiser_module.motion_targets([denoiser_module.world.SceneSpec(
+        "grass", (denoiser_module.world.ObjectSpec("red", "circle", "small", "center",
+                                                   "right"),), video=True)], 2)
+    clip = denoiser_module.DenoiserBatch(["a red circle moves right"],
+                                         torch.randn(1, 8, 5, 32, 32), None, np.zeros(1, bool),
+                                         None, None, right)
+    gen = torch.Generator().manual_seed(0)
+    loss, metrics = task.loss(clip, gen)
+    assert metrics["motion_mse"] > 0 and not task.transformer.blocks[1]._forward_hooks
+    loss.backward()
+    assert task.motion_head.weight.grad.abs().sum() > 0
+    monkeypatch.setattr(denoiser_module, "flow_matching_loss",
+                        lambda transformer, x0, *a, **k: transformer(
+                            hidden_states=x0, timestep=torch.zeros(1, 5 * 64),
+                            encoder_hidden_states=torch.zeros(1, 32, 64),
+                            return_dict=False)[0].mean() * 0)
+    loss, metrics = task.loss(clip, gen)
+    assert loss.item() == pytest.approx(2.0 * metrics["motion_mse"], rel=1e-5)
+    # without targets (a batch built before the head existed) the term is skipped
+    _, metrics = task.loss(clip._replace(motion_target=None), gen)
+    assert "motion_mse" not in metrics

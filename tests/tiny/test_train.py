@@ -202,6 +202,20 @@ def test_latent_pool_batches_are_latents_of_every_kind():
                   else "i2v" if first.any() else "clip")
     assert kinds == {"image", "clip", "i2v", "reference"}
     assert len(pool.images) == 70 and len(pool.clips) == 18  # grew to the cap, then replaced
+    # with a motion head, clip batches carry each latent frame's displacement target
+    task.motion_awareness = 1.0
+    seen = set()
+    for i in range(12):
+        batch = pool.batch(np.random.default_rng(100 + i))
+        if batch.pixels.shape[2] == 1:
+            assert batch.motion_target is None
+            continue
+        target, known = batch.motion_target
+        assert target.shape == (2, 3, 3)  # the 4x VAE: 9 frames -> 3 latent frames
+        assert not any(k and c == "" for k, c in zip(known.tolist(), batch.captions,
+                                                      strict=True))
+        seen.add("clip")
+    assert seen == {"clip"}
 
 
 def test_stop_request_saves_a_checkpoint(tmp_path):
@@ -289,6 +303,7 @@ def test_wider_decoder_trains_on_the_frozen_encoder_and_is_loaded_after(tmp_path
     (["dit", "--motion-distance", "0.6"], "--motion-distance must be in [0, 0.5]"),
     (["dit", "--frame-awareness", "-1"], "--frame-awareness must be in [0, 10]"),
     (["dit", "--frame-awareness-block", "6"], "--frame-awareness-block must be in [0, 5]"),
+    (["dit", "--motion-awareness", "10.5"], "--motion-awareness must be in [0, 10]"),
     (["vae", "--clip-share", "1.5"], "--clip-share must be in [0, 1]"),
     (["vae", "--edge-weight", "-1"], "--edge-weight must be at least 0"),
     (["vae", "--temporal-compression", "3"], "invalid choice"),
