@@ -27,7 +27,8 @@ measures only that ceiling, for the VAE of a training run (``python -m studio.ti
 decides whether a new VAE is worth training a denoiser on.
 
 Each mode's report also counts its wrong readings by kind (``errors``: e.g. ``"right->still"``,
-``"red->orange"``; ``studio.tiny.evaluate.error_counts``), for colour, shape and motion.
+``"red->orange"``; ``studio.tiny.evaluate.error_counts``), the eight most frequent kinds of
+each of colour, shape and motion where the mode scores them.
 
 Speed: the model's load time (weights from disk to a ready runner, in this process, once the
 pipeline's Python modules are imported; the first load, with the imports, is reported
@@ -214,9 +215,10 @@ def score(mode: str, samples: list[Sample], outputs: list[np.ndarray]) -> dict:
               "chance": {k: v for k, v in report.chance.items() if k in accuracy},
               "counts": {k: v for k, v in report.counts.items() if k in accuracy},
               "position_axes": evaluate.position_axes(report),
-              # the wrong readings by kind ("expected->read"), the eight most frequent
+              # the wrong readings by kind ("expected->read"), the eight most frequent, of
+              # the attributes scored above
               "errors": {key: dict(list(evaluate.error_counts(report, key).items())[:8])
-                         for key in ("colour", "shape", "motion") if key in report.accuracy}}
+                         for key in ("colour", "shape", "motion") if key in accuracy}}
     if mode == "i2v":
         from bench.cpu import psnr_ssim
 

@@ -212,8 +212,8 @@ class DenoiserBatch(NamedTuple):
             on the latent grid, where the scene's objects are (:meth:`DenoiserTask.
             latent_coverage`); else None.
         motion_target: with ``DenoiserTask.motion_awareness`` on clip steps: the
-            :func:`motion_targets` of the scenes, ``(target (B, f, 3), known (B,))``, where
-            ``known`` is also False for a dropped caption; else None.
+            :func:`motion_targets` of the scenes, ``(target float32 (B, f, 3), known bool
+            (B,))``, where ``known`` is also False for a dropped caption; else None.
     """
 
     captions: list[str]
@@ -283,17 +283,35 @@ def frame_awareness_loss(head: torch.nn.Module, hidden: torch.Tensor,
     return loss, accuracy
 
 
+def latent_frame_groups(frames: int, temporal: int) -> list[slice]:
+    """The pixel frames each latent frame of Wan's causal VAE encodes: latent frame 0 encodes
+    frame 0, latent frame k the k-th group of ``temporal`` frames after it.
+
+    Args:
+        frames: pixel frames per clip, ``1 + k * temporal``.
+        temporal: the VAE's temporal compression.
+    Returns:
+        ``1 + (frames - 1) // temporal`` slices into the frame axis.
+    Raises:
+        ValueError: ``frames`` not ``1 + k * temporal`` with k >= 1.
+    """
+    if temporal < 1 or frames < 1 + temporal or (frames - 1) % temporal:
+        raise ValueError(f"frames={frames}: must be 1 + k * {temporal} with k >= 1")
+    return [slice(0, 1)] + [slice(1 + k * temporal, 1 + (k + 1) * temporal)
+                            for k in range((frames - 1) // temporal)]
+
+
 def motion_targets(specs, temporal: int, frames: int = CLIP_FRAMES,
                    device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Where each clip's object is at each latent frame, relative to the clip's middle: the
     targets of :func:`motion_awareness_loss`.
 
-    Latent frame 0 encodes frame 0, latent frame k the k-th group of ``temporal`` frames after
-    it (Wan's causal VAE); a latent frame's time is the mean of its frames' clip times
-    (``world.frame_times``). The object's state (``world.object_state``) at that time minus
-    its state at the middle (t = 0) gives ``dx / (W * MOTION_DISTANCE)``,
+    A latent frame's time is the mean clip time (``world.frame_times``) of the frames it
+    encodes (:func:`latent_frame_groups`). The object's state (``world.object_state``) at
+    that time minus its state at the middle (t = 0) gives ``dx / (W * MOTION_DISTANCE)``,
     ``dy / (H * MOTION_DISTANCE)`` and ``log(extent ratio) / log(GROWTH)``: each in
-    [-0.5, 0.5], 0 for a still object.
+    [-0.5, 0.5], 0 for a still object (and dx, dy 0 in a world set to no travel,
+    ``world.motion_distance(0)``).
 
     Args:
         specs: B ``world.SceneSpec`` clips.
@@ -306,12 +324,9 @@ def motion_targets(specs, temporal: int, frames: int = CLIP_FRAMES,
     Raises:
         ValueError: ``frames`` not ``1 + k * temporal`` with k >= 1.
     """
-    if temporal < 1 or frames < 1 + temporal or (frames - 1) % temporal:
-        raise ValueError(f"frames={frames}: must be 1 + k * {temporal} with k >= 1")
     times = world.frame_times(frames)
-    groups = [times[:1]] + [times[1 + k * temporal:1 + (k + 1) * temporal]
-                            for k in range((frames - 1) // temporal)]
-    latent_times = [float(np.mean(g)) for g in groups]
+    latent_times = [float(np.mean(times[g])) for g in latent_frame_groups(frames, temporal)]
+    travel = SIZE * (world.MOTION_DISTANCE or 1.0)  # no travel: dx = dy = 0
     target = np.zeros((len(specs), len(latent_times), 3), np.float32)
     known = np.zeros(len(specs), bool)
     for b, spec in enumerate(specs):
@@ -322,8 +337,7 @@ def motion_targets(specs, temporal: int, frames: int = CLIP_FRAMES,
         x0, y0, e0 = world.object_state(obj, 0.0, SIZE, SIZE)
         for k, t in enumerate(latent_times):
             x, y, e = world.object_state(obj, t, SIZE, SIZE)
-            target[b, k] = ((x - x0) / (SIZE * world.MOTION_DISTANCE),
-                            (y - y0) / (SIZE * world.MOTION_DISTANCE),
+            target[b, k] = ((x - x0) / travel, (y - y0) / travel,
                             np.log(e / e0) / np.log(world.GROWTH))
     return torch.from_numpy(target).to(device), torch.from_numpy(known).to(device)
 
@@ -337,7 +351,8 @@ def motion_awareness_loss(head: torch.nn.Module, hidden: torch.Tensor, frames: i
     Why: a clip's stated position is its middle frame's, so in text-to-video the first latent
     frame must put the object behind its motion, which only the motion words tell; the
     denoiser leaves such clips still (training/README.md, session 32: 18 of the 25 wrong
-    motions of step 16000 read "still", none the opposite way). The read-out asks every
+    text-to-video motions of step 16000 on 64 prompts read "still", none the opposite way;
+    ``bench/results/2026-12-06-model-step16000-t2v-64.json``). The read-out asks every
     token of frame k to carry "the object is d_k from its middle position" (motion word x
     frame time) early in the network.
 
@@ -428,6 +443,9 @@ class DenoiserTask(TrainTask):
                                   "motion_head"})
     step_kinds = step_mix()  # the default mix; an instance's comes from reference_share
     motion_anchor = "first"  # the default; an instance's comes from motion_anchor
+    motion_awareness = 0.0  # off by default, as are the heads
+    frame_head: torch.nn.Module | None = None
+    motion_head: torch.nn.Module | None = None
 
     def __init__(self, device: torch.device, vae, *, image_batch: int = 48,
                  clip_batch: int = 12, ema_decay: float = 0.999, pool: bool = False,
@@ -474,16 +492,12 @@ class DenoiserTask(TrainTask):
         self.ema_transformer = copy.deepcopy(self.transformer).requires_grad_(False)
         self.reference_encoder = build_reference_encoder(spatial, channels).to(device)
         self.ema_reference_encoder = copy.deepcopy(self.reference_encoder).requires_grad_(False)
-        self.frame_head = None
+        width = self.transformer.config.num_attention_heads * \
+            self.transformer.config.attention_head_dim  # of the blocks' tokens
         if frame_awareness > 0:
-            dim = self.transformer.config.num_attention_heads * \
-                self.transformer.config.attention_head_dim
-            self.frame_head = torch.nn.Linear(dim, MAX_TOKEN_FRAMES).to(device)
-        self.motion_head = None
+            self.frame_head = torch.nn.Linear(width, MAX_TOKEN_FRAMES).to(device)
         if motion_awareness > 0:
-            dim = self.transformer.config.num_attention_heads * \
-                self.transformer.config.attention_head_dim
-            self.motion_head = torch.nn.Linear(dim, 3).to(device)
+            self.motion_head = torch.nn.Linear(width, 3).to(device)
         self.image_batch, self.clip_batch, self.ema_decay = image_batch, clip_batch, ema_decay
         self.step_kinds = step_kinds
         self.latents_mean, self.latents_std = self.latent_stats()
@@ -494,9 +508,9 @@ class DenoiserTask(TrainTask):
                    "reference_encoder": self.reference_encoder,
                    "ema_text_encoder": self.ema_text, "ema_transformer": self.ema_transformer,
                    "ema_reference_encoder": self.ema_reference_encoder}
-        for name in ("frame_head", "motion_head"):
-            if getattr(self, name, None) is not None:
-                modules[name] = getattr(self, name)
+        for name, head in (("frame_head", self.frame_head), ("motion_head", self.motion_head)):
+            if head is not None:
+                modules[name] = head
         return modules
 
     def lr_scales(self) -> dict[str, float]:
@@ -535,9 +549,8 @@ class DenoiserTask(TrainTask):
     def latent_coverage(self, specs, video: bool) -> torch.Tensor | None:
         """Where the scenes' objects are on the latent grid: float32 (B, 1, f, h, w) in
         [0, 1], each latent pixel the maximum of :func:`world.object_coverage` over the
-        pixels and frames it encodes (latent frame 0: frame 0; frame k: the k-th group of
-        ``temporal compression`` frames after it), widened by one latent pixel so outlines
-        count in full. None when ``object_weight`` and ``motion_weight`` are 0."""
+        pixels and frames it encodes (:func:`latent_frame_groups`), widened by one latent
+        pixel so outlines count in full. None when ``object_weight`` and ``motion_weight`` are 0."""
         if not (getattr(self, "object_weight", 0.0) or getattr(self, "motion_weight", 0.0)):
             return None
         cover = np.stack([world.object_coverage(s, CLIP_FRAMES if video else None, SIZE, SIZE)
@@ -545,19 +558,17 @@ class DenoiserTask(TrainTask):
         cover = torch.from_numpy(cover).to(self.device)
         cover = cover[:, None] if video else cover[:, None, None]  # (B, 1, F, H, W)
         if video:
-            t = temporal_compression_of(self.vae)
-            cover = torch.cat([cover[:, :, :1],
-                               torch.nn.functional.max_pool3d(cover[:, :, 1:], (t, 1, 1))],
-                              dim=2)
+            groups = latent_frame_groups(CLIP_FRAMES, temporal_compression_of(self.vae))
+            cover = torch.stack([cover[:, :, g].amax(dim=2) for g in groups], dim=2)
         sc = spatial_compression_of(self.vae)
         cover = torch.nn.functional.max_pool3d(cover, (1, sc, sc))
         return torch.nn.functional.max_pool3d(cover, (1, 3, 3), 1, (0, 1, 1))
 
-    def motion_targets(self, specs, video: bool, dropped: np.ndarray
-                       ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def batch_motion_targets(self, specs, video: bool, dropped: np.ndarray
+                             ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """:func:`motion_targets` of a clip batch, items whose caption was dropped
         (``dropped``, bool (B,)) unknown; None for images or without ``motion_awareness``."""
-        if not video or not getattr(self, "motion_awareness", 0.0):
+        if not video or not self.motion_awareness:
             return None
         target, known = motion_targets(specs, temporal_compression_of(self.vae),
                                        device=self.device)
@@ -586,7 +597,7 @@ class DenoiserTask(TrainTask):
         captions = ["" if d else c for c, d in zip(captions, drop, strict=True)]
         return DenoiserBatch(captions, pixels, refs, first_frame, objects,
                              self.latent_coverage(specs, video),
-                             self.motion_targets(specs, video, drop))
+                             self.batch_motion_targets(specs, video, drop))
 
     def loss(self, batch: DenoiserBatch, gen):
         captions, pixels, refs, first_frame, ref_objects = batch[:5]
@@ -614,8 +625,7 @@ class DenoiserTask(TrainTask):
                 k = cover.shape[2] // 2 if self.motion_anchor == "middle" else 0
                 latent_weight = latent_weight + self.motion_weight * (
                     cover - cover[:, :, k:k + 1]).abs()
-        head = getattr(self, "frame_head", None)
-        motion_head = getattr(self, "motion_head", None)
+        head, motion_head = self.frame_head, self.motion_head
         captured = []
         hook = None
         if (head is not None or motion_head is not None) and x0.shape[2] > 1:
@@ -635,9 +645,12 @@ class DenoiserTask(TrainTask):
             metrics["frame_ce"], metrics["frame_acc"] = float(aware.detach()), accuracy
         if captured and motion_head is not None and batch.motion_target is not None:
             target, known = batch.motion_target
-            moved = motion_awareness_loss(motion_head, captured[0], frames, target, known)
-            loss = loss + self.motion_awareness * moved
-            metrics["motion_mse"] = float(moved.detach())
+            if target.shape[1] != x0.shape[2]:
+                raise ValueError(f"motion_target has {target.shape[1]} frames for a clip of "
+                                 f"{x0.shape[2]} latent frames")
+            motion_mse = motion_awareness_loss(motion_head, captured[0], frames, target, known)
+            loss = loss + self.motion_awareness * motion_mse
+            metrics["motion_mse"] = float(motion_mse.detach())
         if ref is not None and getattr(self, "reference_alignment", 0.0) > 0:
             if ref_objects is None:
                 raise ValueError("reference_alignment needs the batch's ref_objects")
@@ -817,7 +830,7 @@ class LatentPool:
         specs = [p[0] for p in picked]
         return DenoiserBatch(captions, latents, refs, first_frame, objects,
                              self.task.latent_coverage(specs, video),
-                             self.task.motion_targets(specs, video, drop))
+                             self.task.batch_motion_targets(specs, video, drop))
 
 
 def _ridge(x: torch.Tensor, y: torch.Tensor, ridge: float,

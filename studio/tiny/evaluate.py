@@ -571,6 +571,12 @@ def error_counts(report: EvalReport, attribute: str) -> dict[str, int]:
     first. What an accuracy alone hides: e.g. whether wrong clips read "still" (too little
     motion) or the opposite direction.
 
+    Args:
+        report: an :func:`evaluate` report (its ``details``).
+        attribute: one of ``OBJECT_ATTRIBUTES``; "motion" counts clips only.
+    Returns:
+        ``{"expected->read": count}``, by count descending, ties by key; empty when every
+        reading is right.
     Raises:
         ValueError: ``attribute`` not one of ``OBJECT_ATTRIBUTES``.
     """

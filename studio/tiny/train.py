@@ -89,8 +89,8 @@ DECODER_KEYS = ("decoder.", "post_quant_conv.")
 def snapshot_run(out: Path, committed: Path = Path("training/tiny")) -> dict:
     """Writes the denoiser run's EMA weights (fp16 safetensors, ``ema_transformer`` and
     ``ema_text_encoder``), ``state.json`` and logs from ``out/dit`` into ``committed/dit``,
-    and, when ``out/decoder`` has a trained checkpoint (step > 0), the decoder's weights (``decoder.*`` and
-    ``post_quant_conv.*``, fp16, ``decoder.safetensors``), state and logs into
+    and, when ``out/decoder`` has a trained checkpoint (step > 0), the decoder's weights
+    (``decoder.*`` and ``post_quant_conv.*``, fp16, ``decoder.safetensors``), state and logs into
     ``committed/decoder-w16`` (each file written to a temporary name, then renamed), for
     :func:`restore_run` on the next machine. The run's training-only heads
     (:data:`TRAINING_ONLY_PARTS`, e.g. the frame-awareness head) go along as they are (live

@@ -69,11 +69,15 @@ def test_the_scorer_passes_perfect_outputs_and_fails_shuffled_ones(mode, caps):
         assert sum(perfect["errors"]["colour"].values()) <= 0.05 * 24
         wrong = shuffled["errors"]["colour"]
         n_wrong = round((1 - shuffled["accuracy"]["colour"]) * shuffled["counts"]["colour"])
-        assert all("->" in k for k in wrong) and len(wrong) <= 8
-        assert sum(wrong.values()) == n_wrong if len(wrong) < 8 else n_wrong >= 12
+        assert all("->" in k for k in wrong) and len(wrong) <= 8 and n_wrong >= 12
+        assert sum(wrong.values()) <= n_wrong  # the eight most frequent kinds ...
+        if len(wrong) < 8:  # ... which are all of them here
+            assert sum(wrong.values()) == n_wrong
         assert list(wrong.values()) == sorted(wrong.values(), reverse=True)
     if mode in ("t2v", "i2v"):
-        assert "motion" in shuffled["errors"]
+        assert sum(shuffled["errors"]["motion"].values()) >= 6
+    if mode == "r2v":  # colour and shape are the reference's, scored as the match above
+        assert "colour" not in perfect["errors"] and "motion" in perfect["errors"]
     if mode == "i2v":
         assert perfect["first_frame_psnr_db"]["mean"] > 60
         assert shuffled["first_frame_psnr_db"]["mean"] < 30

@@ -390,9 +390,12 @@ def test_frame_awareness_trains_a_head_on_clip_steps_only(monkeypatch):
     assert "frame_ce" not in metrics and not seen
 
 
-def test_snapshot_and_restore_carry_the_frame_awareness_head(tmp_path, caplog):
-    """The frame-awareness head has no EMA copy and no place in an export: the snapshot
-    carries its live weights, so a restored run goes on with it instead of a fresh one."""
+@pytest.mark.parametrize("part, options", [("frame_head", {"frame_awareness": 0.5}),
+                                           ("motion_head", {"motion_awareness": 2.0})])
+def test_snapshot_and_restore_carry_the_training_only_heads(tmp_path, caplog, part, options):
+    """A training-only head (the frame- and motion-awareness heads) has no EMA copy and no
+    place in an export: the snapshot carries its live weights, so a restored run goes on
+    with it instead of a fresh one."""
     from safetensors.torch import save_file, save_model
 
     from studio.tiny.train import restore_run, snapshot_run
@@ -401,9 +404,9 @@ def test_snapshot_and_restore_carry_the_frame_awareness_head(tmp_path, caplog):
     vae = build_vae(spatial_compression=SHIPPED_SPATIAL, temporal_compression=SHIPPED_SPATIAL)
     torch.manual_seed(0)
     task = DenoiserTask(torch.device("cpu"), vae, image_batch=2, clip_batch=1,
-                        frame_awareness=0.5, frame_awareness_block=1)
+                        **options)
     with torch.no_grad():
-        task.frame_head.weight.normal_()  # trained weights: not what a fresh head starts at
+        getattr(task, part).weight.normal_()  # trained weights: not what a fresh head starts at
     run = tmp_path / "run" / "dit" / "checkpoint"
     run.mkdir(parents=True)
     for name, module in task.modules().items():
@@ -413,33 +416,33 @@ def test_snapshot_and_restore_carry_the_frame_awareness_head(tmp_path, caplog):
     shutil.copytree(REPO / "training" / "tiny" / "v3" / "vae", committed / "vae")
     assert snapshot_run(tmp_path / "run", committed)["step"] == 10 ** 6
     snap = committed / "dit" / "checkpoint"
-    head = load_file(str(snap / "frame_head.safetensors"))
-    assert set(head) == set(task.frame_head.state_dict())
+    head = load_file(str(snap / f"{part}.safetensors"))
+    assert set(head) == set(getattr(task, part).state_dict())
     assert all(v.dtype == torch.float16 for v in head.values())
 
     # the snapshot is newer than the export: the restored run holds its head, and loads it
     assert restore_run(tmp_path / "run2", SHIPPED, committed)["dit"] == (
         f"restored from {snap} at step {10 ** 6}")
-    restored = load_file(str(tmp_path / "run2" / "dit" / "checkpoint" / "frame_head.safetensors"))
+    restored = load_file(str(tmp_path / "run2" / "dit" / "checkpoint" / f"{part}.safetensors"))
     assert all(torch.equal(restored[k], v.float()) for k, v in head.items())
     torch.manual_seed(1)
     again = DenoiserTask(torch.device("cpu"), vae, image_batch=2, clip_batch=1,
-                         frame_awareness=0.5, frame_awareness_block=1)
+                         **options)
     with caplog.at_level("WARNING"):
         assert load_checkpoint(tmp_path / "run2" / "dit", again)["step"] == 10 ** 6
     assert "start fresh" not in caplog.text
-    assert torch.equal(again.frame_head.weight, head["weight"].float())
+    assert torch.equal(getattr(again, part).weight, head["weight"].float())
 
     # a run without the head leaves no stale head in the snapshot
-    (run / "frame_head.safetensors").unlink()
+    (run / f"{part}.safetensors").unlink()
     snapshot_run(tmp_path / "run", committed)
-    assert not (snap / "frame_head.safetensors").exists()
+    assert not (snap / f"{part}.safetensors").exists()
     # and a restore from an export (older snapshot) starts the head fresh
     state = json.loads((snap / "state.json").read_text())
     (snap / "state.json").write_text(json.dumps(state | {"step": 1}))
-    save_file({"weight": torch.ones(1)}, str(snap / "frame_head.safetensors"))
+    save_file({"weight": torch.ones(1)}, str(snap / f"{part}.safetensors"))
     restore_run(tmp_path / "run3", SHIPPED, committed)
-    assert not (tmp_path / "run3" / "dit" / "checkpoint" / "frame_head.safetensors").exists()
+    assert not (tmp_path / "run3" / "dit" / "checkpoint" / f"{part}.safetensors").exists()
 
 
 def test_motion_targets_follow_the_world_and_the_vae_frame_groups():
@@ -465,6 +468,8 @@ def test_motion_targets_follow_the_world_and_the_vae_frame_groups():
     torch.testing.assert_close(target[2, :, 2], times)  # growing: log extent in log(GROWTH)s
     assert target[3].abs().max() == 0 and target[4].abs().max() == 0
     assert motion_targets([clip(right)], temporal=4)[0].shape == (1, 3, 3)
+    with world.motion_distance(0.0):  # a world without travel: no displacement, no error
+        assert motion_targets([clip(right)], temporal=2)[0].abs().max() == 0
     with pytest.raises(ValueError, match="frames=8"):
         motion_targets([clip(right)], temporal=2, frames=8)
 
@@ -512,6 +517,17 @@ def test_motion_awareness_trains_a_head_on_known_clips(monkeypatch):
                         motion_awareness=2.0)
     assert "motion_head" in task.modules() and "motion_head" in task.optional_modules
     assert task.frame_head is None
+    plain = DenoiserTask(torch.device("cpu"), vae, image_batch=2, clip_batch=1)
+    assert "motion_head" not in plain.modules()
+    assert plain.batch_motion_targets([], True, np.zeros(0, bool)) is None
+    # a dropped caption leaves its clip's target unknown; images have none
+    world = denoiser_module.world
+    one = world.SceneSpec("grass", (world.ObjectSpec("red", "circle", "small", "center",
+                                                     "left"),), video=True)
+    target, known = task.batch_motion_targets([one, one], True, np.array([True, False]))
+    assert known.tolist() == [False, True]
+    torch.testing.assert_close(target, denoiser_module.motion_targets([one, one], 2)[0])
+    assert task.batch_motion_targets([one], False, np.zeros(1, bool)) is None
     # the pixel path hands clip batches their targets, dropped captions unknown
     rng = np.random.default_rng(0)
     task.step_kinds = {"clip": 1.0}
@@ -544,3 +560,24 @@ def test_motion_awareness_trains_a_head_on_known_clips(monkeypatch):
     # without targets (a batch built before the head existed) the term is skipped
     _, metrics = task.loss(clip._replace(motion_target=None), gen)
     assert "motion_mse" not in metrics
+    # targets for another number of latent frames are refused, not misread
+    with pytest.raises(ValueError, match="3 frames for a clip of 5"):
+        task.loss(clip._replace(motion_target=(right[0][:, :3], right[1])), gen)
+    # a reference clip has one more token frame (the appended reference), which is not read
+    seen = {}
+    real = denoiser_module.motion_awareness_loss
+
+    def spy(head, hidden, frames, target, known):
+        seen["frames"], seen["target_frames"] = frames, target.shape[1]
+        return real(head, hidden, frames, target, known)
+
+    monkeypatch.setattr(denoiser_module, "motion_awareness_loss", spy)
+    monkeypatch.setattr(denoiser_module, "flow_matching_loss",
+                        lambda transformer, x0, text, noise, s, **k: transformer(
+                            hidden_states=torch.cat([x0, k["reference"]], 2),
+                            timestep=torch.zeros(len(x0), 64 * 6),
+                            encoder_hidden_states=text, return_dict=False)[0].mean() * 0)
+    ref = clip._replace(captions=["a large object moves right"],
+                        refs=torch.randn(1, 8, 1, 32, 32), ref_objects=[("red", "circle")])
+    task.loss(ref, gen)
+    assert seen == {"frames": 6, "target_frames": 5}
