@@ -345,13 +345,14 @@ def motion_targets(specs, temporal: int, frames: int = CLIP_FRAMES,
 def motion_awareness_loss(head: torch.nn.Module, hidden: torch.Tensor, frames: int,
                           target: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
     """Squared error of a linear read-out of each latent frame's object displacement from a
-    block's output (each frame's tokens averaged): an auxiliary training loss like
-    :func:`frame_awareness_loss` (after REPA, Yu et al. 2024), aimed at text-to-video motion.
+    block's output (each frame's tokens averaged, then divided by the batch's RMS): an
+    auxiliary training loss like :func:`frame_awareness_loss` (after REPA, Yu et al. 2024),
+    aimed at text-to-video motion.
 
     Why: a clip's stated position is its middle frame's, so in text-to-video the first latent
     frame must put the object behind its motion, which only the motion words tell; the
-    denoiser leaves such clips still (training/README.md, session 32: 18 of the 25 wrong
-    text-to-video motions of step 16000 on 64 prompts read "still", none the opposite way;
+    denoiser leaves such clips still (training/README.md, session 32: 18 of the 24 wrong
+    text-to-video motions of step 16000 on 64 prompts read "still";
     ``bench/results/2026-12-06-model-step16000-t2v-64.json``). The read-out asks every
     token of frame k to carry "the object is d_k from its middle position" (motion word x
     frame time) early in the network.
@@ -376,6 +377,10 @@ def motion_awareness_loss(head: torch.nn.Module, hidden: torch.Tensor, frames: i
     if f > frames:
         raise ValueError(f"target has {f} frames, more than the {frames} token frames")
     pooled = hidden.float().reshape(b, frames, n // frames, d).mean(2)[:, :f]  # (B, f, D)
+    # one scale for the batch (no gradient through it): the read-out stays linear, and the
+    # blocks' large activations do not make the head's gradient outweigh the denoiser's
+    # under gradient clipping (unscaled: a norm of 3-5 against the denoiser's 0.3)
+    pooled = pooled / pooled.detach().pow(2).mean().sqrt().clamp_min(1e-6)
     err = (head(pooled) - target).pow(2).mean(dim=(1, 2))  # (B,)
     weight = known.to(err.dtype)
     return (err * weight).sum() / weight.sum().clamp_min(1.0)

@@ -489,6 +489,8 @@ def test_motion_awareness_loss_reads_each_frames_displacement_and_can_fail():
     for k in range(5):
         hidden[:, k * per_frame:(k + 1) * per_frame, 0] = target[:, k, :1]
     hidden[:, 5 * per_frame:, 0] = 99.0  # the reference frame is not read
+    with torch.no_grad():  # the read-out sees the frames divided by their RMS
+        head.weight[:, 0] = target[:, :, 0].pow(2).mean().sqrt() / dim ** 0.5
     known = torch.tensor([True, True])
     assert motion_awareness_loss(head, hidden, frames, target, known).item() < 1e-10
     flipped = torch.cat([hidden[:, :5 * per_frame].flip(1), hidden[:, 5 * per_frame:]], 1)
