@@ -422,7 +422,8 @@ class DenoiserTask(TrainTask):
     where a denoiser that leaves the object still is wrong (the 2x-VAE denoiser at step 3527
     did: t2v motion 12.5 %, chance 17 %). It does not fade with noise: the direction is
     decided at high noise, where the world's small motion (0.18 of the frame over a clip)
-    costs a still guess least; there the weight's bias pushes toward more motion, the error to correct.
+    costs a still guess least; there the weight's bias pushes toward more motion, the error
+    to correct.
     Measured (training/README.md, session 28): neither form, nor clip-only steps with M = 30,
     made the 2x-VAE denoiser's prediction depend on its motion words
     (``scripts/probe_motion_words.py``) in 2,500 steps.
@@ -555,7 +556,8 @@ class DenoiserTask(TrainTask):
         """Where the scenes' objects are on the latent grid: float32 (B, 1, f, h, w) in
         [0, 1], each latent pixel the maximum of :func:`world.object_coverage` over the
         pixels and frames it encodes (:func:`latent_frame_groups`), widened by one latent
-        pixel so outlines count in full. None when ``object_weight`` and ``motion_weight`` are 0."""
+        pixel so outlines count in full. None when ``object_weight`` and ``motion_weight``
+        are 0."""
         if not (getattr(self, "object_weight", 0.0) or getattr(self, "motion_weight", 0.0)):
             return None
         cover = np.stack([world.object_coverage(s, CLIP_FRAMES if video else None, SIZE, SIZE)

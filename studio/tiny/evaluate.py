@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
@@ -582,15 +583,12 @@ def error_counts(report: EvalReport, attribute: str) -> dict[str, int]:
     """
     if attribute not in OBJECT_ATTRIBUTES:
         raise ValueError(f"attribute={attribute!r}: must be one of {OBJECT_ATTRIBUTES}")
-    counts: dict[str, int] = {}
-    for item in report.details:
-        for expected, found in zip(item["expected"], item["matched"], strict=True):
-            if attribute not in expected:  # motion of an image
-                continue
-            read = "missing" if found is None else found[attribute]
-            if read != expected[attribute]:
-                key = f"{expected[attribute]}->{read}"
-                counts[key] = counts.get(key, 0) + 1
+    counts = Counter(
+        f"{expected[attribute]}->{'missing' if found is None else found[attribute]}"
+        for item in report.details
+        for expected, found in zip(item["expected"], item["matched"], strict=True)
+        if attribute in expected  # not the motion of an image
+        and (found is None or found[attribute] != expected[attribute]))
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 

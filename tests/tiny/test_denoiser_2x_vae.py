@@ -303,6 +303,14 @@ def test_the_latent_weight_makes_the_loss_a_weighted_mean():
     torch.testing.assert_close(heavy, target_sq[:, :, :, 1:3, 2:5].mean(), rtol=1e-5, atol=1e-6)
 
 
+def _blocks_only_loss(transformer, x0, *args, **kwargs):
+    """A flow-matching loss stand-in for one 5-frame clip of 32x32 latents: runs the blocks
+    (so the read-out hooks see them) and adds 0, leaving the auxiliary terms alone."""
+    return transformer(hidden_states=x0, timestep=torch.zeros(1, 5 * 64),
+                       encoder_hidden_states=torch.zeros(1, 32, 64),
+                       return_dict=False)[0].mean() * 0
+
+
 def test_frame_awareness_loss_reads_each_tokens_frame_and_can_fail():
     from studio.tiny.denoiser import MAX_TOKEN_FRAMES, frame_awareness_loss
 
@@ -353,11 +361,7 @@ def test_frame_awareness_trains_a_head_on_clip_steps_only(monkeypatch):
     loss.backward()
     assert task.frame_head.weight.grad.abs().sum() > 0
     # the auxiliary term is the weighted cross-entropy on top of the flow-matching loss
-    monkeypatch.setattr(denoiser_module, "flow_matching_loss",
-                        lambda transformer, x0, *a, **k: transformer(
-                            hidden_states=x0, timestep=torch.zeros(1, 5 * 64),
-                            encoder_hidden_states=torch.zeros(1, 32, 64),
-                            return_dict=False)[0].mean() * 0)
+    monkeypatch.setattr(denoiser_module, "flow_matching_loss", _blocks_only_loss)
     loss, metrics = task.loss(clip, gen)
     assert float(loss) == pytest.approx(0.5 * metrics["frame_ce"], rel=1e-5)
     # a reference clip has one more token frame (the appended reference); images have none
@@ -552,11 +556,7 @@ def test_motion_awareness_trains_a_head_on_known_clips(monkeypatch):
     assert metrics["motion_mse"] > 0 and not task.transformer.blocks[1]._forward_hooks
     loss.backward()
     assert task.motion_head.weight.grad.abs().sum() > 0
-    monkeypatch.setattr(denoiser_module, "flow_matching_loss",
-                        lambda transformer, x0, *a, **k: transformer(
-                            hidden_states=x0, timestep=torch.zeros(1, 5 * 64),
-                            encoder_hidden_states=torch.zeros(1, 32, 64),
-                            return_dict=False)[0].mean() * 0)
+    monkeypatch.setattr(denoiser_module, "flow_matching_loss", _blocks_only_loss)
     loss, metrics = task.loss(clip, gen)
     assert loss.item() == pytest.approx(2.0 * metrics["motion_mse"], rel=1e-5)
     # without targets (a batch built before the head existed) the term is skipped
