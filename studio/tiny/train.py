@@ -4,8 +4,13 @@
     python -m studio.tiny.train decoder --out runs/tiny --minutes 60  # optional, after vae
     python -m studio.tiny.train dit --out runs/tiny --minutes 120     # needs the VAE
     python -m studio.tiny.train export --out runs/tiny                # -> assets/models/tiny-wan
+    python -m studio.tiny.train reference-words                       # refits the word map
     python -m studio.tiny.train snapshot --out runs/tiny              # -> training/tiny/dit
     python -m studio.tiny.train restore --out runs/tiny               # <- the repository
+
+``export`` also fits the reference word map of the exported folder (reference-to-video's
+pseudo-words, :mod:`studio.tiny.reference_words`); ``reference-words`` refits it alone on
+``--dest``.
 
 ``snapshot`` and ``restore`` carry a run between machines through the repository alone
 (a session's machine keeps only what is committed). ``snapshot`` writes the denoiser's EMA
@@ -309,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("stage", choices=["vae", "decoder", "dit", "align-reference",
                                           "export", "snapshot",
-                                                  "restore"])
+                                          "restore", "reference-words"])
     parser.add_argument("--out", default="runs/tiny", help="run folder (checkpoints, logs)")
     parser.add_argument("--minutes", type=float, default=None, help="stop after this sitting")
     parser.add_argument("--steps", type=int, default=None, help="stop at this total step")
@@ -465,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.decoder_base_dim is not None and args.decoder_base_dim < 8:
         parser.error(f"--decoder-base-dim must be at least 8, got {args.decoder_base_dim}")
     out = Path(args.out)
+    if args.stage == "reference-words":
+        return _reference_words_stage(Path(args.dest), args)
     if args.stage in ("restore", "snapshot"):
         try:
             committed = Path(args.committed)
@@ -643,6 +650,24 @@ def _denoiser_stage(args, out: Path, device, vae, stop) -> int:
     print(export_pipeline(task, Path(args.dest), step=state["step"],
                           total_steps=args.total_steps or 30000,
                           eval_log=f"{Path(args.committed).as_posix()}/dit/eval_log.jsonl"))
+    if getattr(task, "ema_reference_encoder", None) is None:
+        return 0
+    return _reference_words_stage(Path(args.dest), args)
+
+
+def _reference_words_stage(dest: Path, args) -> int:
+    """Fits and writes the reference word map of the model folder ``dest``
+    (:func:`studio.tiny.reference_words.add_reference_words`); prints the fit's figures."""
+    from studio.tiny.reference_words import add_reference_words
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        stats = add_reference_words(dest, seed=args.seed)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({"reference_words": str(dest), **stats}))
     return 0
 
 

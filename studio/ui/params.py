@@ -179,6 +179,9 @@ class ParamsPanel(QWidget):
         self.strength_row = row("Strength", self.strength_spin, "strength")
         self.first_frame_row = row("First frame", self.first_frame_slot, "first_frame")
         self.references_row = row("References", self.references_slot, "references")
+        self.references_slot.setToolTip(
+            "Images of what the clip should contain. On the embedded model, write 'object' in "
+            "the prompt where the reference's object goes: \"a small object slides left\".")
         row("Seed", hbox(self.seed_edit, self.seed_random, self.seed_lock), "seed")
         row("Steps", self.steps_spin, "steps")
         row("Guidance", self.guidance_spin, "guidance_scale")

@@ -96,6 +96,7 @@ def test_reference_tokens_join_the_prompt_and_only_the_conditional_branch(tmp_pa
         torch.float16).save_pretrained(folder / "refenc")
     meta = json.loads((folder / "studio.json").read_text())
     meta.pop("reference_tokens", None)
+    meta.pop("reference_words", None)  # the prompt's own embeddings stay the plain prompt's
     (folder / "studio.json").write_text(json.dumps({**meta, "reference_tokens": "refenc"}))
     entry = ModelRegistry([tmp_path], include_hf_cache=False).resolve(str(folder))
     assert entry.reference_encoder == "refenc"

@@ -61,6 +61,9 @@ class ModelEntry:
         reference_encoder: subfolder of an image encoder whose tokens a reference image
             adds to the prompt embeddings (``studio.json``'s ``reference_tokens``; see
             :func:`studio.engine.pipelines.wan.reference_tokens`); empty when none.
+        reference_words: ``{"map": <file under the folder>, "placeholder": <word>}``, the
+            reference's pseudo-words (``studio.json``'s ``reference_words``; see
+            :class:`studio.engine.pipelines.wan.ReferenceWords`); empty when none.
     """
 
     model_id: str
@@ -80,6 +83,7 @@ class ModelEntry:
     denoiser_subfolder: str = ""
     denoiser_class: str = ""
     reference_encoder: str = ""
+    reference_words: dict = field(default_factory=dict, compare=False)
 
     @property
     def load_key(self) -> str:
@@ -264,8 +268,13 @@ class ModelRegistry:
                         or not (folder / ref_enc / "config.json").is_file()):
             return replace(entry, error=f"{studio_json}: reference_tokens={ref_enc!r} is not a "
                                         f"subfolder with a config.json")
+        ref_words = extra.get("reference_words", {})
+        if ref_words:
+            why = _reference_words_error(folder, ref_words, ref_enc)
+            if why:
+                return replace(entry, error=f"{studio_json}: reference_words: {why}")
         return replace(entry, capabilities=caps, call_kwargs=dict(extra.get("call_kwargs", {})),
-                       reference_encoder=ref_enc,
+                       reference_encoder=ref_enc, reference_words=dict(ref_words),
                        description=str(extra.get("description", "")),
                        tuning={k: extra[k] for k in ("step_cache", "guidance_reuse") if k in extra})
 
@@ -312,10 +321,18 @@ class ModelRegistry:
         return entry
 
     def content_hash(self, entry: ModelEntry) -> str:
-        """blake2b-128 of the entry's weights (cached per file by size and mtime)."""
+        """blake2b-128 of the entry's weights, the reference encoder and word map included
+        (cached per file by size and mtime)."""
         cached = self._hash_cache.get(entry.load_key)
         if cached is None:
             _index, files = check_folder(entry.path)
+            # the r2v parts outside model_index.json change the pixels too
+            if entry.reference_encoder:
+                files = files + sorted((entry.path / entry.reference_encoder).glob(
+                    "*.safetensors"))
+            if entry.reference_words:
+                files = files + [entry.path / entry.reference_words["map"]]
+            files = sorted(set(files))
             if entry.denoiser_file is not None:  # the folder's other parts + the file
                 replaced = entry.path / entry.denoiser_subfolder
                 files = [f for f in files if replaced not in f.parents]
@@ -326,3 +343,18 @@ class ModelRegistry:
                 cached = weights_hash(entry.path, files)
             self._hash_cache[entry.load_key] = cached
         return cached
+
+
+def _reference_words_error(folder: Path, value, reference_encoder: str) -> str:
+    """Why ``studio.json``'s ``reference_words`` is unusable ("" when it is usable)."""
+    if not isinstance(value, dict) or set(value) != {"map", "placeholder"}:
+        return f"{value!r} must be {{\"map\": <file>, \"placeholder\": <word>}}"
+    if not reference_encoder:
+        return "needs reference_tokens (the pseudo-words are made from its tokens)"
+    path, word = value["map"], value["placeholder"]
+    if not isinstance(path, str) or path.startswith(("/", "\\")) or ".." in Path(path).parts \
+            or not path.endswith(".safetensors") or not (folder / path).is_file():
+        return f"map={path!r} is not a .safetensors file inside the folder"
+    if not isinstance(word, str) or not word.isalpha():
+        return f"placeholder={word!r} must be one word of letters"
+    return ""

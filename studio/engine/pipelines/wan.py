@@ -14,16 +14,24 @@ Modes, all through diffusers' own pipelines sharing one set of weights (``from_p
   embedded model): ``WanPipeline`` with the reference image's clean latents appended as one
   extra frame after the video, at timestep 0, by a forward hook on the denoiser; the extra
   frame is dropped from the denoiser's output, so the scheduler never sees it. Models that
-  also declare ``"reference_tokens": "<subfolder>"`` (the embedded model's exports from
-  training step 20549 on; the shipped step-14672 weights predate it) give the reference
+  also declare ``"reference_tokens": "<subfolder>"`` (the embedded model does) give the reference
   a second way in, as Wan 2.1 I2V gives its first frame both as latents and as CLIP image
   tokens in cross-attention: a small image encoder (a ``transformers`` ``CLIPVisionModel``
   over the reference's latents) turns it into tokens appended to the prompt embeddings
   (:func:`reference_tokens`); the unconditional branch gets zeros in their place, so
   classifier-free guidance pushes toward the reference as it does toward the prompt.
+  Models that further declare ``"reference_words": {"map": ..., "placeholder": ...}`` put the
+  reference's object into the prompt itself (:class:`ReferenceWords`): the first placeholder
+  word of the prompt (``"object"`` for the embedded model: "a small object slides to the
+  left") is replaced by pseudo-words whose input embeddings a linear map computes from the
+  reference tokens, and the text encoder reads them in the sentence, as ELITE's global
+  mapping does (Wei et al., ICCV 2023).
 """
 
 from __future__ import annotations
+
+import contextlib
+import re
 
 import numpy as np
 import torch
@@ -69,6 +77,11 @@ class WanRunner(FamilyRunner):
         if entry.reference_encoder and "r2v" in entry.capabilities.modes:
             self.reference_encoder = load_reference_encoder(
                 entry.path / entry.reference_encoder, dtype, entry.model_id).to(device)
+        self.reference_words = None
+        if self.reference_encoder is not None and entry.reference_words:
+            self.reference_words = ReferenceWords.load(
+                entry.path / entry.reference_words["map"], entry.reference_words["placeholder"],
+                base.tokenizer, base.text_encoder, entry.model_id)
         self.preview = self._fit_preview()
 
     def _fit_preview(self) -> LatentPreview:
@@ -195,6 +208,9 @@ class WanRunner(FamilyRunner):
                 tokens = reference_tokens(self.reference_encoder,
                                           self.encode_image(fit_image(ref_pixels, side, side)))
                 tokens = tokens.to(kwargs["prompt_embeds"])
+                if self.reference_words is not None:
+                    kwargs["prompt_embeds"] = self._prompt_with_reference_words(
+                        pipe, request, tokens, max_len, kwargs["prompt_embeds"], notes)
                 kwargs["prompt_embeds"] = torch.cat([kwargs["prompt_embeds"], tokens], dim=1)
                 if kwargs["negative_prompt_embeds"] is not None:
                     kwargs["negative_prompt_embeds"] = torch.cat(
@@ -213,6 +229,24 @@ class WanRunner(FamilyRunner):
             frames = np.where(keep, init[None], frames)
         return self.result(frames, timings, clock, notes)
 
+
+    def _prompt_with_reference_words(self, pipe, request: GenerationRequest,
+                                     tokens: torch.Tensor, max_len: int,
+                                     prompt_embeds: torch.Tensor, notes: list[str]):
+        """The prompt's embeddings (1, max_len, D) with the reference's pseudo-words in place
+        of its first placeholder word; ``prompt_embeds`` unchanged (and a note) when the
+        prompt has none."""
+        words = self.reference_words
+        text = words.prompt(request.prompt)
+        if text is None:
+            notes.append(f"reference words: the prompt does not say {words.placeholder!r}, so "
+                         f"the reference's object is not put into its words")
+            return prompt_embeds
+        embeds = words.embeds(tokens)[0]
+        with words.injected(pipe.text_encoder, embeds):
+            cond, _ = pipe.encode_prompt(text, None, do_classifier_free_guidance=False,
+                                         max_sequence_length=max_len, device=self.device)
+        return cond.to(prompt_embeds)
 
     @torch.no_grad()
     def decode(self, pipe, latents: torch.Tensor) -> np.ndarray:
@@ -295,6 +329,110 @@ def reference_tokens(encoder: torch.nn.Module, reference: torch.Tensor) -> torch
                          f"{cfg.image_size}) latents, got {tuple(reference.shape)}")
     param = next(encoder.parameters())
     return encoder(pixel_values=reference[:, :, 0].to(param)).last_hidden_state
+
+
+class ReferenceWords:
+    """Pseudo-words for a reference image's object, read by the text encoder in the prompt.
+
+    A linear map turns the first ``words`` reference tokens (:func:`reference_tokens`) into
+    ``words`` input word embeddings (the space of the text encoder's embedding table). In a
+    prompt, the first whole-word ``placeholder`` is replaced by ``words`` copies of it, and a
+    forward hook on the text encoder's input embedding puts the pseudo-words in their place,
+    so the encoder reads "a small <w0> <w1> slides to the left" in context, as it reads the
+    object's own words. The technique is ELITE's global mapping (Wei et al., ICCV 2023: image
+    features mapped into the word-embedding space as a pseudo-word S*), after textual
+    inversion (Gal et al., ICLR 2023); the map here is fitted in closed form
+    (:func:`studio.tiny.reference_words.fit_word_map`).
+
+    Attributes:
+        weight: (words * D_word, words * D_token) float32.
+        bias: (words * D_word,) float32.
+        placeholder: the prompt word the pseudo-words replace (lower case).
+        placeholder_id: its single token id.
+        words: pseudo-words per reference.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, placeholder: str,
+                 placeholder_id: int, words: int):
+        if weight.ndim != 2 or bias.shape != (weight.shape[0],) or words < 1 or \
+                weight.shape[0] % words or weight.shape[1] % words:
+            raise ValueError(f"reference word map: weight {tuple(weight.shape)} and bias "
+                             f"{tuple(bias.shape)} do not make {words} words")
+        self.weight, self.bias = weight.float(), bias.float()
+        self.placeholder, self.placeholder_id, self.words = placeholder, placeholder_id, words
+        self._pattern = re.compile(rf"\b{re.escape(placeholder)}\b", re.IGNORECASE)
+
+    @classmethod
+    def load(cls, path, placeholder: str, tokenizer, text_encoder,
+             model_id: str) -> ReferenceWords:
+        """Reads the map from a safetensors file (``weight``, ``bias``; metadata ``words``).
+
+        Raises:
+            ModelError: the file is missing or malformed, its word size is not the text
+                encoder's embedding size, or ``placeholder`` is not one token.
+        """
+        from safetensors import safe_open
+
+        from studio.engine.models.folders import ModelError
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                words = int((f.metadata() or {}).get("words", "0"))
+                weight, bias = f.get_tensor("weight"), f.get_tensor("bias")
+            ids = tokenizer(placeholder, add_special_tokens=False).input_ids
+            if len(ids) != 1:
+                raise ValueError(f"placeholder {placeholder!r} is {len(ids)} tokens, not 1")
+            dim = text_encoder.get_input_embeddings().embedding_dim
+            if words < 1 or weight.shape[0] != words * dim:
+                raise ValueError(f"the map makes {weight.shape[0]} values for {words} words, "
+                                 f"not {words} x {dim}")
+            return cls(weight, bias, placeholder.lower(), int(ids[0]), words)
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise ModelError(f"model {model_id}: cannot use the reference word map {path} "
+                             f"({type(exc).__name__}: {str(exc)[:300]})") from exc
+
+    def embeds(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Reference tokens (B, N, D_token), N >= ``words`` -> pseudo-word embeddings
+        (B, words, D_word) in the tokens' dtype."""
+        b = tokens.shape[0]
+        x = tokens[:, :self.words].reshape(b, -1).float()
+        out = x @ self.weight.to(x.device).T + self.bias.to(x.device)
+        return out.view(b, self.words, -1).to(tokens.dtype)
+
+    def prompt(self, prompt: str) -> str | None:
+        """``prompt`` with its first whole-word placeholder repeated ``words`` times (the
+        slots the pseudo-words fill); None when the prompt has no placeholder."""
+        if not self._pattern.search(prompt):
+            return None
+        return self._pattern.sub(" ".join([self.placeholder] * self.words), prompt, count=1)
+
+    @contextlib.contextmanager
+    def injected(self, text_encoder: torch.nn.Module, embeds: torch.Tensor):
+        """While open, the text encoder's input embedding writes ``embeds`` (words, D_word)
+        over the first run of ``words`` placeholder tokens of each prompt it encodes."""
+        k, pid = self.words, self.placeholder_id
+
+        def hook(_module, args, output):
+            ids = args[0]
+            out = output.clone()
+            for row in range(ids.shape[0]):
+                hits = (ids[row] == pid).nonzero().flatten().tolist()
+                for start in hits:
+                    if ids[row, start:start + k].eq(pid).all() and start + k <= ids.shape[1]:
+                        out[row, start:start + k] = embeds.to(out)
+                        break
+            return out
+
+        # the encoder may call a copy of the table that shares its weight (UMT5's
+        # encoder.embed_tokens beside the model's shared), so every such module is hooked
+        table = text_encoder.get_input_embeddings().weight
+        handles = [m.register_forward_hook(hook) for m in text_encoder.modules()
+                   if isinstance(m, torch.nn.Embedding) and m.weight is table]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
 
 def fit_token_timesteps(transformer: torch.nn.Module):

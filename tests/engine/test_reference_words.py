@@ -1,0 +1,155 @@
+"""Reference-to-video's pseudo-words (ReferenceWords): the text encoder reads them in the
+sentence as it reads real words, an r2v job puts them in place of the prompt's placeholder,
+the map is fitted from the model's own reference tokens, and a bad declaration is refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from studio.core.media import fit_image, pixels_content_id
+from studio.core.request import GenerationRequest, MediaRef
+from studio.engine.executor import runner_class
+from studio.engine.models.folders import ModelError
+from studio.engine.models.registry import EMBEDDED_DIR, ModelRegistry
+from studio.engine.pipelines.wan import ReferenceWords, reference_tokens
+from studio.tiny import world
+from studio.tiny.denoiser import reference_image
+from studio.tiny.reference_words import MAP_FILE, fit_word_map, word_rows, write_word_map
+
+MAX_LEN = 32
+
+
+@pytest.fixture(scope="module")
+def runner():
+    entry = ModelRegistry(include_hf_cache=False).resolve("embedded")
+    assert entry.reference_words == {"map": MAP_FILE, "placeholder": "object"}
+    return runner_class(entry.family)(entry, torch.device("cpu"), torch.float32)
+
+
+def encode(pipe, text):
+    return pipe.encode_prompt(text, None, do_classifier_free_guidance=False,
+                              max_sequence_length=MAX_LEN, device="cpu")[0]
+
+
+def test_pseudo_words_equal_to_word_rows_encode_as_those_words(runner):
+    pipe, words = runner.pipes["t2v"], runner.reference_words
+    text = words.prompt("On grass, a small Object moves left past another object")
+    assert text == "On grass, a small object object moves left past another object"
+    assert words.prompt("a red star moves left") is None
+    rows = word_rows(runner, ["red", "star"])
+    with words.injected(pipe.text_encoder, rows):
+        got = encode(pipe, text)
+    want = encode(pipe, "On grass, a small red star moves left past another object")
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # the hook is gone afterwards: the placeholder reads as itself again
+    plain = encode(pipe, text)
+    assert (plain - want).abs().max() > 0.05
+
+
+def test_an_r2v_job_puts_the_reference_into_the_prompt(runner):
+    pipe = runner.pipes["t2v"]
+    rng = np.random.default_rng(0)
+    spec = world.sample_scene(rng, video=True, split="eval")
+    pixels = reference_image(spec, rng)
+    seen = []
+    spy = pipe.transformer.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(kwargs["encoder_hidden_states"].clone()),
+        with_kwargs=True)
+    media = MediaRef(pixels_content_id(pixels))
+    outs = {}
+    try:
+        for prompt in ("a small object moves left on grass", "a small thing moves left on grass"):
+            req = GenerationRequest(mode="r2v", model="embedded", prompt=prompt, seed=1, steps=2,
+                                    guidance_scale=4.0, width=64, height=64, num_frames=5,
+                                    references=(media,))
+            assert req.validate(runner.entry.capabilities) == []
+            seen.clear()
+            outs[prompt] = (runner.run(req, {media.content_id: pixels}, lambda *a: None),
+                            seen[0][0, :MAX_LEN].clone())
+    finally:
+        spy.remove()
+    words = runner.reference_words
+    tokens = reference_tokens(runner.reference_encoder,
+                              runner.encode_image(fit_image(pixels, 64, 64)))
+    with words.injected(pipe.text_encoder, words.embeds(tokens)[0]):
+        want = encode(pipe, "a small object object moves left on grass")[0]
+    out, cond = outs["a small object moves left on grass"]
+    torch.testing.assert_close(cond, want.to(cond))
+    # the pseudo-words read as the object's own colour and shape words
+    obj = spec.objects[0]
+    named = encode(pipe, f"a small {obj.colour} {obj.shape} moves left on grass")[0]
+    anonymous = encode(pipe, "a small object moves left on grass")[0]
+    assert (cond - named.to(cond)).pow(2).mean() < 0.1 * (anonymous - named).pow(2).mean()
+    assert not any("reference words" in n for n in out.notes)
+    # a prompt without the placeholder is encoded as it is, and the job says why
+    out, cond = outs["a small thing moves left on grass"]
+    torch.testing.assert_close(cond, encode(pipe, "a small thing moves left on grass")[0])
+    assert any("does not say 'object'" in n for n in out.notes)
+
+
+def test_the_fitted_map_names_held_out_objects(runner):
+    weight, bias, stats = fit_word_map(runner, images=96, held_out=48, seed=3)
+    assert stats["colour_nearest"] >= 0.9 and stats["shape_nearest"] >= 0.9, stats
+    assert stats["r2"] > 0.9 and stats["relative_error"] < 0.1, stats
+    with pytest.raises(ValueError, match="images"):
+        fit_word_map(runner, images=10)
+    # the check can fail: an untrained reference encoder's tokens do not name the shape
+    from studio.tiny.denoiser import build_reference_encoder
+
+    trained = runner.reference_encoder
+    torch.manual_seed(0)
+    runner.reference_encoder = build_reference_encoder(
+        int(runner.base.vae.config.scale_factor_spatial), int(runner.base.vae.config.z_dim))
+    try:
+        _, _, untrained = fit_word_map(runner, images=96, held_out=48, seed=3)
+    finally:
+        runner.reference_encoder = trained
+    assert untrained["shape_nearest"] < 0.7, untrained
+
+
+def test_a_written_map_is_loaded_and_a_bad_one_refused(tmp_path, runner):
+    folder = tmp_path / "m"
+    shutil.copytree(EMBEDDED_DIR / "tiny-wan", folder)
+    dim = runner.base.text_encoder.get_input_embeddings().embedding_dim
+    weight = torch.randn(2 * dim, 2 * 64)
+    write_word_map(folder, weight, torch.zeros(2 * dim), {"note": "random"})
+    entry = ModelRegistry([tmp_path], include_hf_cache=False).resolve(str(folder))
+    assert entry.usable and entry.reference_words["placeholder"] == "object"
+    loaded = ReferenceWords.load(folder / MAP_FILE, "object", runner.base.tokenizer,
+                                 runner.base.text_encoder, "m")
+    torch.testing.assert_close(loaded.weight, weight)
+    assert loaded.embeds(torch.ones(1, 17, 64)).shape == (1, 2, dim)
+    # the content hash covers the map
+    before = ModelRegistry([tmp_path], include_hf_cache=False)
+    first = before.content_hash(entry)
+    write_word_map(folder, weight * 2, torch.zeros(2 * dim))
+    assert ModelRegistry([tmp_path], include_hf_cache=False).content_hash(
+        before.resolve(str(folder))) != first
+    with pytest.raises(ModelError, match="placeholder"):
+        ReferenceWords.load(folder / MAP_FILE, "two words", runner.base.tokenizer,
+                            runner.base.text_encoder, "m")
+    write_word_map(folder, torch.randn(3 * dim, 2 * 64), torch.zeros(3 * dim))
+    with pytest.raises(ModelError, match="not 2 x"):
+        ReferenceWords.load(folder / MAP_FILE, "object", runner.base.tokenizer,
+                            runner.base.text_encoder, "m")
+    meta = json.loads((folder / "studio.json").read_text())
+    for bad, why in (({"map": "../x.safetensors", "placeholder": "object"}, "inside"),
+                     ({"map": "nope.safetensors", "placeholder": "object"}, "inside"),
+                     ({"map": MAP_FILE, "placeholder": "an object"}, "one word"),
+                     ({"map": MAP_FILE}, "must be")):
+        (folder / "studio.json").write_text(json.dumps({**meta, "reference_words": bad}))
+        entry = next(e for e in ModelRegistry([tmp_path], include_hf_cache=False).list()
+                     if e.path == folder)
+        assert "reference_words" in entry.error and why in entry.error and not entry.usable
+    no_tokens = {k: v for k, v in meta.items() if k != "reference_tokens"}
+    (folder / "studio.json").write_text(json.dumps(no_tokens))
+    entry = next(e for e in ModelRegistry([tmp_path], include_hf_cache=False).list()
+                 if e.path == folder)
+    assert "needs reference_tokens" in entry.error
+    with pytest.raises(ValueError, match="reference_tokens"):
+        write_word_map(folder, weight, torch.zeros(2 * dim))
