@@ -42,8 +42,9 @@ def test_pseudo_words_equal_to_word_rows_encode_as_those_words(runner):
     assert text == "On grass, a small object object moves left past another object"
     assert words.prompt("a red star moves left") is None
     rows = word_rows(runner, ["red", "star"])
-    with words.injected(pipe.text_encoder, rows):
+    with words.injected(pipe.text_encoder, rows) as placed:
         got = encode(pipe, text)
+    assert placed == [(0, 5)]  # after "on", "grass", ",", "a", "small" (a word-level vocabulary)
     want = encode(pipe, "On grass, a small red star moves left past another object")
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     # the hook is gone afterwards: the placeholder reads as itself again
@@ -56,6 +57,12 @@ def test_an_r2v_job_puts_the_reference_into_the_prompt(runner):
     rng = np.random.default_rng(0)
     spec = world.sample_scene(rng, video=True, split="eval")
     pixels = reference_image(spec, rng)
+    full = "a small object moves left"  # grown to the 32-token limit exactly (EOS included)
+    while len(pipe.tokenizer(full + " on grass").input_ids) <= MAX_LEN:
+        full += " on grass"
+    if len(pipe.tokenizer(full).input_ids) < MAX_LEN:
+        full += " now"
+    assert len(pipe.tokenizer(full).input_ids) == MAX_LEN
     seen = []
     spy = pipe.transformer.register_forward_pre_hook(
         lambda m, args, kwargs: seen.append(kwargs["encoder_hidden_states"].clone()),
@@ -63,7 +70,8 @@ def test_an_r2v_job_puts_the_reference_into_the_prompt(runner):
     media = MediaRef(pixels_content_id(pixels))
     outs = {}
     try:
-        for prompt in ("a small object moves left on grass", "a small thing moves left on grass"):
+        for prompt in ("a small object moves left on grass", "a small thing moves left on grass",
+                       "on a grass background " * 8 + "a small object moves left", full):
             req = GenerationRequest(mode="r2v", model="embedded", prompt=prompt, seed=1, steps=2,
                                     guidance_scale=4.0, width=64, height=64, num_frames=5,
                                     references=(media,))
@@ -90,6 +98,14 @@ def test_an_r2v_job_puts_the_reference_into_the_prompt(runner):
     out, cond = outs["a small thing moves left on grass"]
     torch.testing.assert_close(cond, encode(pipe, "a small thing moves left on grass")[0])
     assert any("does not say 'object'" in n for n in out.notes)
+    # a placeholder past the 32-token limit is cut off with the rest: said, not hidden
+    long = "on a grass background " * 8 + "a small object moves left"
+    out, cond = outs[long]
+    torch.testing.assert_close(cond, encode(pipe, long)[0])
+    assert any("in the prompt's first 32 tokens" in n for n in out.notes)
+    # a prompt at the limit: the extra slot pushes its end off, and the job says so
+    out, cond = outs[full]
+    assert any("push the prompt's end past its 32-token limit" in n for n in out.notes)
 
 
 def test_the_fitted_map_names_held_out_objects(runner):
@@ -112,6 +128,11 @@ def test_the_fitted_map_names_held_out_objects(runner):
     assert untrained["shape_nearest"] < 0.7, untrained
 
 
+def load(runner, path, placeholder="object"):
+    return ReferenceWords.load(path, placeholder, runner.base.tokenizer,
+                               runner.base.text_encoder, 64, "m")
+
+
 def test_a_written_map_is_loaded_and_a_bad_one_refused(tmp_path, runner):
     folder = tmp_path / "m"
     shutil.copytree(EMBEDDED_DIR / "tiny-wan", folder)
@@ -120,8 +141,7 @@ def test_a_written_map_is_loaded_and_a_bad_one_refused(tmp_path, runner):
     write_word_map(folder, weight, torch.zeros(2 * dim), {"note": "random"})
     entry = ModelRegistry([tmp_path], include_hf_cache=False).resolve(str(folder))
     assert entry.usable and entry.reference_words["placeholder"] == "object"
-    loaded = ReferenceWords.load(folder / MAP_FILE, "object", runner.base.tokenizer,
-                                 runner.base.text_encoder, "m")
+    loaded = load(runner, folder / MAP_FILE)
     torch.testing.assert_close(loaded.weight, weight)
     assert loaded.embeds(torch.ones(1, 17, 64)).shape == (1, 2, dim)
     # the content hash covers the map
@@ -130,22 +150,50 @@ def test_a_written_map_is_loaded_and_a_bad_one_refused(tmp_path, runner):
     write_word_map(folder, weight * 2, torch.zeros(2 * dim))
     assert ModelRegistry([tmp_path], include_hf_cache=False).content_hash(
         before.resolve(str(folder))) != first
-    with pytest.raises(ModelError, match="placeholder"):
-        ReferenceWords.load(folder / MAP_FILE, "two words", runner.base.tokenizer,
-                            runner.base.text_encoder, "m")
-    write_word_map(folder, torch.randn(3 * dim, 2 * 64), torch.zeros(3 * dim))
-    with pytest.raises(ModelError, match="not 2 x"):
-        ReferenceWords.load(folder / MAP_FILE, "object", runner.base.tokenizer,
-                            runner.base.text_encoder, "m")
+    # placeholders: two tokens, or one the tokenizer does not know (its unknown token)
+    for word in ("two words", "widget"):
+        with pytest.raises(ModelError, match="not one token the tokenizer knows"):
+            load(runner, folder / MAP_FILE, word)
+    # shapes that do not map 2 tokens of 64 to 2 words, and values that are not finite
+    for w, b in ((torch.randn(3 * dim, 2 * 64), torch.zeros(3 * dim)),
+                 (torch.randn(2 * dim, 126), torch.zeros(2 * dim))):
+        write_word_map(folder, w, b)
+        with pytest.raises(ModelError, match="does not map 2 tokens of 64"):
+            load(runner, folder / MAP_FILE)
+    write_word_map(folder, weight * float("nan"), torch.zeros(2 * dim))
+    with pytest.raises(ModelError, match="not finite"):
+        load(runner, folder / MAP_FILE)
+    from safetensors.torch import save_file
+
+    for tensors, metadata, why in (({"weight": weight, "bias": torch.zeros(2 * dim)}, None,
+                                    "no 'words'"),
+                                   ({"weight": weight}, {"words": "2"}, "bias"),
+                                   ({"weight": weight, "bias": torch.zeros(2 * dim)},
+                                    {"words": "2", "placeholder": "thing"}, "'thing'")):
+        save_file(tensors, folder / MAP_FILE, metadata)
+        with pytest.raises(ModelError, match=why):
+            load(runner, folder / MAP_FILE)
+    # a damaged file: refused when the model is listed, and by the loader itself
+    (folder / MAP_FILE).write_bytes(b"\xff" * 64)
+    with pytest.raises(ModelError, match="reference word map"):
+        load(runner, folder / MAP_FILE)
     meta = json.loads((folder / "studio.json").read_text())
-    for bad, why in (({"map": "../x.safetensors", "placeholder": "object"}, "inside"),
-                     ({"map": "nope.safetensors", "placeholder": "object"}, "inside"),
+    outside = tmp_path / "outside.safetensors"
+    save_file({"weight": weight, "bias": torch.zeros(2 * dim)}, outside, {"words": "2"})
+    (folder / "link.safetensors").symlink_to(outside)
+    for bad, why in ((meta["reference_words"], "not a valid safetensors file"),
+                     ({"map": "../outside.safetensors", "placeholder": "object"}, "inside"),
+                     ({"map": "link.safetensors", "placeholder": "object"}, "inside"),
+                     ({"map": str(outside), "placeholder": "object"}, "inside"),
+                     ({"map": "nope.safetensors", "placeholder": "object"}, "no such file"),
+                     ({"map": "studio.json", "placeholder": "object"}, ".safetensors file"),
                      ({"map": MAP_FILE, "placeholder": "an object"}, "one word"),
-                     ({"map": MAP_FILE}, "must be")):
+                     ({"map": MAP_FILE}, "must be"), (None, "must be"), ({}, "must be")):
         (folder / "studio.json").write_text(json.dumps({**meta, "reference_words": bad}))
         entry = next(e for e in ModelRegistry([tmp_path], include_hf_cache=False).list()
                      if e.path == folder)
-        assert "reference_words" in entry.error and why in entry.error and not entry.usable
+        assert "reference_words" in entry.error and why in entry.error, (bad, entry.error)
+        assert not entry.usable
     no_tokens = {k: v for k, v in meta.items() if k != "reference_tokens"}
     (folder / "studio.json").write_text(json.dumps(no_tokens))
     entry = next(e for e in ModelRegistry([tmp_path], include_hf_cache=False).list()

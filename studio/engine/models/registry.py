@@ -26,6 +26,7 @@ from studio.engine.models.families import capabilities_for, family_of
 from studio.engine.models.folders import (
     ModelError,
     check_folder,
+    check_safetensors,
     folder_size,
     read_json,
     weights_hash,
@@ -269,7 +270,7 @@ class ModelRegistry:
             return replace(entry, error=f"{studio_json}: reference_tokens={ref_enc!r} is not a "
                                         f"subfolder with a config.json")
         ref_words = extra.get("reference_words", {})
-        if ref_words:
+        if "reference_words" in extra:  # declared: it must be usable (null and {} are not)
             why = _reference_words_error(folder, ref_words, ref_enc)
             if why:
                 return replace(entry, error=f"{studio_json}: reference_words: {why}")
@@ -346,15 +347,29 @@ class ModelRegistry:
 
 
 def _reference_words_error(folder: Path, value, reference_encoder: str) -> str:
-    """Why ``studio.json``'s ``reference_words`` is unusable ("" when it is usable)."""
+    """Why ``studio.json``'s ``reference_words`` is unusable ("" when it is usable): the
+    declaration's shape, the map file (inside the folder, a whole safetensors file) and the
+    placeholder (one word of letters)."""
     if not isinstance(value, dict) or set(value) != {"map", "placeholder"}:
         return f"{value!r} must be {{\"map\": <file>, \"placeholder\": <word>}}"
     if not reference_encoder:
         return "needs reference_tokens (the pseudo-words are made from its tokens)"
     path, word = value["map"], value["placeholder"]
-    if not isinstance(path, str) or path.startswith(("/", "\\")) or ".." in Path(path).parts \
-            or not path.endswith(".safetensors") or not (folder / path).is_file():
-        return f"map={path!r} is not a .safetensors file inside the folder"
     if not isinstance(word, str) or not word.isalpha():
         return f"placeholder={word!r} must be one word of letters"
+    if not isinstance(path, str) or not path.endswith(".safetensors"):
+        return f"map={path!r} must name a .safetensors file"
+    target = folder / path
+    try:
+        inside = target.resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):
+        inside = False
+    if Path(path).is_absolute() or ".." in Path(path).parts or not inside:
+        return f"map={path!r} is not inside the model folder"
+    if not target.is_file():
+        return f"map={path!r}: no such file in the model folder"
+    try:
+        check_safetensors(target)
+    except ModelError as exc:
+        return f"map={path!r}: {exc}"
     return ""

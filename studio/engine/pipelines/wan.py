@@ -81,7 +81,8 @@ class WanRunner(FamilyRunner):
         if self.reference_encoder is not None and entry.reference_words:
             self.reference_words = ReferenceWords.load(
                 entry.path / entry.reference_words["map"], entry.reference_words["placeholder"],
-                base.tokenizer, base.text_encoder, entry.model_id)
+                base.tokenizer, base.text_encoder,
+                int(self.reference_encoder.config.hidden_size), entry.model_id)
         self.preview = self._fit_preview()
 
     def _fit_preview(self) -> LatentPreview:
@@ -243,9 +244,20 @@ class WanRunner(FamilyRunner):
                          f"the reference's object is not put into its words")
             return prompt_embeds
         embeds = words.embeds(tokens)[0]
-        with words.injected(pipe.text_encoder, embeds):
+        with words.injected(pipe.text_encoder, embeds) as placed:
             cond, _ = pipe.encode_prompt(text, None, do_classifier_free_guidance=False,
                                          max_sequence_length=max_len, device=self.device)
+        if not placed:
+            notes.append(f"reference words: the tokenizer did not read {words.placeholder!r} "
+                         f"with room for the {words.words} pseudo-words in the prompt's first "
+                         f"{max_len} tokens (cut off there, or joined to other characters), "
+                         f"so the reference's object is not put into its words")
+            return prompt_embeds
+        tokenizer = pipe.tokenizer
+        before = len(tokenizer(request.prompt).input_ids)
+        if len(tokenizer(text).input_ids) > max_len >= before:
+            notes.append(f"reference words: the {words.words} pseudo-words push the prompt's "
+                         f"end past its {max_len}-token limit, and the last of it is cut off")
         return cond.to(prompt_embeds)
 
     @torch.no_grad()
@@ -363,31 +375,48 @@ class ReferenceWords:
         self._pattern = re.compile(rf"\b{re.escape(placeholder)}\b", re.IGNORECASE)
 
     @classmethod
-    def load(cls, path, placeholder: str, tokenizer, text_encoder,
+    def load(cls, path, placeholder: str, tokenizer, text_encoder, token_dim: int,
              model_id: str) -> ReferenceWords:
-        """Reads the map from a safetensors file (``weight``, ``bias``; metadata ``words``).
+        """Reads the map from a safetensors file (``weight``, ``bias``; metadata ``words``
+        and, if present, ``placeholder``, which must agree with ``placeholder``).
 
+        Args:
+            token_dim: the reference encoder's token width (``hidden_size``).
         Raises:
-            ModelError: the file is missing or malformed, its word size is not the text
-                encoder's embedding size, or ``placeholder`` is not one token.
+            ModelError: the file is missing, damaged or malformed (shapes that do not map
+                ``words`` tokens of ``token_dim`` to ``words`` embeddings of the text
+                encoder's width, values that are not finite), or ``placeholder`` is not one
+                token the tokenizer knows.
         """
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
         from studio.engine.models.folders import ModelError
 
         try:
-            with safe_open(str(path), framework="pt") as f:
-                words = int((f.metadata() or {}).get("words", "0"))
-                weight, bias = f.get_tensor("weight"), f.get_tensor("bias")
             ids = tokenizer(placeholder, add_special_tokens=False).input_ids
-            if len(ids) != 1:
-                raise ValueError(f"placeholder {placeholder!r} is {len(ids)} tokens, not 1")
+            unknown = getattr(tokenizer, "unk_token_id", None)
+            if len(ids) != 1 or ids[0] == unknown:
+                raise ValueError(f"placeholder {placeholder!r} is not one token the tokenizer "
+                                 f"knows ({len(ids)} tokens: {ids})")
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                if "words" not in meta:
+                    raise ValueError("no 'words' in its metadata")
+                words = int(meta["words"])
+                if meta.get("placeholder", placeholder) != placeholder:
+                    raise ValueError(f"it was fitted for the placeholder "
+                                     f"{meta['placeholder']!r}, not {placeholder!r}")
+                weight, bias = f.get_tensor("weight"), f.get_tensor("bias")
             dim = text_encoder.get_input_embeddings().embedding_dim
-            if words < 1 or weight.shape[0] != words * dim:
-                raise ValueError(f"the map makes {weight.shape[0]} values for {words} words, "
-                                 f"not {words} x {dim}")
+            if words < 1 or weight.ndim != 2 or \
+                    tuple(weight.shape) != (words * dim, words * token_dim):
+                raise ValueError(f"weight {tuple(weight.shape)} does not map {words} tokens of "
+                                 f"{token_dim} to {words} words of {dim}: not "
+                                 f"({words} x {dim}, {words} x {token_dim})")
+            if not (torch.isfinite(weight).all() and torch.isfinite(bias).all()):
+                raise ValueError("it holds values that are not finite")
             return cls(weight, bias, placeholder.lower(), int(ids[0]), words)
-        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as exc:
             raise ModelError(f"model {model_id}: cannot use the reference word map {path} "
                              f"({type(exc).__name__}: {str(exc)[:300]})") from exc
 
@@ -409,8 +438,13 @@ class ReferenceWords:
     @contextlib.contextmanager
     def injected(self, text_encoder: torch.nn.Module, embeds: torch.Tensor):
         """While open, the text encoder's input embedding writes ``embeds`` (words, D_word)
-        over the first run of ``words`` placeholder tokens of each prompt it encodes."""
+        over the first run of ``words`` placeholder tokens of each prompt it encodes.
+
+        Yields:
+            A list that gets one (row, first position) per prompt row written (empty when
+            the placeholders were cut off by the tokenizer's length limit)."""
         k, pid = self.words, self.placeholder_id
+        placed: list[tuple[int, int]] = []
 
         def hook(_module, args, output):
             ids = args[0]
@@ -420,6 +454,7 @@ class ReferenceWords:
                 for start in hits:
                     if ids[row, start:start + k].eq(pid).all() and start + k <= ids.shape[1]:
                         out[row, start:start + k] = embeds.to(out)
+                        placed.append((row, start))
                         break
             return out
 
@@ -429,7 +464,7 @@ class ReferenceWords:
         handles = [m.register_forward_hook(hook) for m in text_encoder.modules()
                    if isinstance(m, torch.nn.Embedding) and m.weight is table]
         try:
-            yield
+            yield placed
         finally:
             for handle in handles:
                 handle.remove()
