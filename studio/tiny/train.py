@@ -8,6 +8,14 @@
     python -m studio.tiny.train snapshot --out runs/tiny              # -> training/tiny/dit
     python -m studio.tiny.train restore --out runs/tiny               # <- the repository
 
+    python -m studio.tiny.train recipe --out runs/tiny-recipe         # all of it, resumable
+
+``recipe`` is the whole model from nothing in one command (:data:`RECIPE`: the VAE, then the
+denoiser's phases on one schedule, then the export with its word map into ``<out>/export``,
+or ``--dest``); run it again after a stop (SIGTERM, ``--minutes``) and it goes on. With
+``--committed`` it first restores a run snapshotted there (``snapshot --committed``, which
+also carries the run's VAE), taking no exported model's weights.
+
 ``export`` also fits the reference word map of the exported folder (reference-to-video's
 pseudo-words, :mod:`studio.tiny.reference_words`); ``reference-words`` refits it alone on
 ``--dest``.
@@ -37,6 +45,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -97,7 +106,9 @@ def snapshot_run(out: Path, committed: Path = Path("training/tiny")) -> dict:
     and, when ``out/decoder`` has a trained checkpoint (step > 0), the decoder's weights
     (``decoder.*`` and ``post_quant_conv.*``, fp16, ``decoder.safetensors``), state and logs into
     ``committed/decoder-w16`` (each file written to a temporary name, then renamed), for
-    :func:`restore_run` on the next machine. The run's training-only heads
+    :func:`restore_run` on the next machine. When ``committed/vae`` holds no VAE checkpoint
+    yet, the run's VAE (``out/vae``: its weights as trained, state, logs and architecture)
+    goes there too, so a snapshot carries a whole run of its own. The run's training-only heads
     (:data:`TRAINING_ONLY_PARTS`, e.g. the frame-awareness head) go along as they are (live
     weights, fp16); a head the run lacks is removed from the snapshot, so a restore never
     pairs one run's head with another run's denoiser.
@@ -158,6 +169,15 @@ def snapshot_run(out: Path, committed: Path = Path("training/tiny")) -> dict:
         copies += [(decoder / "state.json", ddest / "state.json"),
                    *((out / "decoder" / log, committed / "decoder-w16" / log)
                      for log in ("train_log.jsonl", "eval_log.jsonl"))]
+    vae_ckpt = out / "vae" / "checkpoint"
+    vae_dest = committed / "vae"
+    if (vae_ckpt / "vae.safetensors").exists() and \
+            not (vae_dest / "checkpoint" / "vae.safetensors").exists():
+        (vae_dest / "checkpoint").mkdir(parents=True, exist_ok=True)  # the run's latent space
+        copies += [(vae_ckpt / "vae.safetensors", vae_dest / "checkpoint" / "vae.safetensors"),
+                   (vae_ckpt / "state.json", vae_dest / "checkpoint" / "state.json"),
+                   *((out / "vae" / name, vae_dest / name)
+                     for name in ("train_log.jsonl", "eval_log.jsonl", ARCHITECTURE_FILE))]
     for src, final in copies:
         if src.exists():
             tmp = final.with_name(f".{final.name}.tmp")
@@ -189,7 +209,8 @@ def _export_step(dest: Path, committed: Path) -> int | None:
     return step if int(found) == int(wanted) else None
 
 
-def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) -> dict:
+def restore_run(out: Path, dest: Path | None,
+                committed: Path = Path("training/tiny")) -> dict:
     """Rebuilds ``out/{vae,decoder,dit}`` from what the repository holds: the committed VAE
     checkpoint and logs (``committed/vae``), the committed decoder logs and ``state.json``
     (``committed/decoder-w16``), the denoiser's snapshot and logs (``committed/dit``, see
@@ -198,7 +219,10 @@ def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) 
     snapshot when there is one, else ``dest``'s VAE decoder. ``dest`` counts only when its
     VAE has the committed VAE's spatial compression (``committed/vae/architecture.json``):
     a run of a new VAE (e.g. ``committed`` = ``training/tiny/v3``) restores from its own
-    snapshot alone, with the VAE's own decoder when it has no decoder snapshot.
+    snapshot alone, with the VAE's own decoder when it has no decoder snapshot. ``dest`` None
+    takes no exported model at all (a run of its own lineage, e.g. :data:`RECIPE`'s): the
+    committed VAE, then the denoiser snapshot when there is one (else no denoiser: the run
+    starts it fresh).
 
     The denoiser starts from the newer (by training step) of the snapshot's EMA weights and
     the exported (EMA) weights: live and EMA copies alike, cast to fp32; from the snapshot
@@ -221,13 +245,13 @@ def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) 
 
     from safetensors.torch import load_file, save_file
 
-    step = _export_step(dest, committed)
+    step = None if dest is None else _export_step(dest, committed)
     if not (committed / "vae" / "checkpoint" / "vae.safetensors").exists():
         raise ValueError(f"committed={str(committed)!r}: no vae/checkpoint/vae.safetensors")
     snap = committed / "dit" / "checkpoint"
     has_snapshot = (snap / "state.json").exists() and all(
         (snap / f"ema_{part}.safetensors").exists() for part, _ in SNAPSHOT_PARTS)
-    if step is None and not has_snapshot:
+    if step is None and not has_snapshot and dest is not None:
         raise ValueError(f"dest={str(dest)!r}: its VAE's spatial compression differs from "
                          f"{committed / 'vae'}'s, and {snap} holds no snapshot to start from")
     done: dict[str, str] = {}
@@ -272,8 +296,11 @@ def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) 
     if (dit / "checkpoint" / "state.json").exists():
         done["dit"] = "kept"
         return done
+    if dest is None and not has_snapshot:
+        done["dit"] = "none (no snapshot: the run starts the denoiser fresh)"
+        return done
     every = SNAPSHOT_PARTS + OPTIONAL_SNAPSHOT_PARTS
-    sources = {part: dest / part / file for part, file in every}
+    sources = {} if dest is None else {part: dest / part / file for part, file in every}
     heads: dict[str, Path] = {}  # training-only heads: only a snapshot holds them
     origin = str(dest)
     if has_snapshot:
@@ -283,6 +310,9 @@ def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) 
             sources = {part: snap / f"ema_{part}.safetensors" for part, _ in every}
             heads = {part: snap / f"{part}.safetensors" for part in TRAINING_ONLY_PARTS
                      if (snap / f"{part}.safetensors").exists()}
+    if step is None:
+        raise ValueError(f"committed={str(committed)!r}: {snap / 'state.json'} has no integer "
+                         "step")
     optional = {part for part, _ in OPTIONAL_SNAPSHOT_PARTS}
     sources = {part: src for part, src in sources.items()
                if part not in optional or src.exists()}  # absent: the task starts it fresh
@@ -309,12 +339,148 @@ def restore_run(out: Path, dest: Path, committed: Path = Path("training/tiny")) 
     return done
 
 
-def main(argv: list[str] | None = None) -> int:
+class RecipePhase(NamedTuple):
+    """One phase of a training recipe: stage ``stage`` (``vae`` or ``dit``) run until its
+    checkpoint reaches step ``until``, with the command-line ``flags`` of that stage."""
+
+    stage: str
+    until: int
+    flags: tuple[str, ...]
+
+
+_RECIPE_DIT = ("--total-steps", "25000", "--checkpoint-every", "600", "--reference-share", "0.3",
+               "--reference-alignment", "0.5", "--object-weight", "10", "--motion-weight", "30",
+               "--motion-anchor", "middle", "--frame-awareness", "0.3",
+               "--frame-awareness-block", "1", "--motion-awareness", "3")
+
+#: The embedded model from nothing, as one resumable command (``python -m studio.tiny.train
+#: recipe``): the VAE of ``training/tiny/v3`` (2x spatial, 2x temporal compression, object-
+#: weighted loss, 6000 steps), then the denoiser from random weights on its latents over one
+#: cosine schedule of 25000 steps: steps 0-10000 with 30 % images and the noise levels drawn
+#: around s = 0.73 (logit-normal mean 1), then 10000-25000 on clips and references (10 %
+#: images) around s = 0.88 (mean 2), where the motion words must act. Every loss term is the
+#: one the shipped lineage ended on (training/README.md, sessions 27-32). Issue 3's budget:
+#: about 10 hours on 2 cores in all.
+RECIPE: tuple[RecipePhase, ...] = (
+    RecipePhase("vae", 6000, ("--spatial-compression", "2", "--temporal-compression", "2",
+                              "--clip-share", "0.5", "--object-weight", "20",
+                              "--reconstruction-metrics", "--total-steps", "6000",
+                              "--checkpoint-every", "600")),
+    RecipePhase("dit", 10000, (*_RECIPE_DIT, "--image-share", "0.3", "--noise-level-mean", "1.0")),
+    RecipePhase("dit", 25000, (*_RECIPE_DIT, "--image-share", "0.1", "--noise-level-mean", "2.0")),
+)
+
+
+def _checkpoint_state(run: Path) -> dict:
+    """``run/checkpoint/state.json`` (step, elapsed_s, seed), or step 0 when there is none."""
+    path = run / "checkpoint" / "state.json"
+    return json.loads(path.read_text()) if path.exists() else {"step": 0, "elapsed_s": 0.0}
+
+
+def run_recipe(out: Path, dest: Path, *, committed: Path | None = None, threads: int = 0,
+               seed: int = 0, minutes: float | None = None, stop: dict | None = None,
+               recipe: tuple[RecipePhase, ...] = RECIPE) -> dict:
+    """Runs ``recipe`` in ``out``: each phase's stage to its step, skipping what is done, then
+    exports the model to ``dest`` (which fits its reference word map) unless ``dest`` already
+    holds that step's export. Resumable: run it again after a stop and it goes on where the
+    checkpoints are. When ``committed`` is given and
+    ``out`` lacks a VAE or denoiser checkpoint, those come from that snapshot first
+    (:func:`restore_run` without an exported model, so no other lineage's weights enter).
+
+    Args:
+        minutes: wall-clock limit of this sitting (minutes); each phase gets what is left.
+        stop: a ``{"asked": bool}`` flag a SIGTERM sets (a stage saves a checkpoint first).
+
+    Returns:
+        ``{"done": bool, "phases": [...], "hours": {"vae": h, "dit": h, "total": h,
+        "sittings": h}}``: each phase's step reached, the training time of each stage (the
+        checkpoints' ``elapsed_s``: the training loops' wall time) and the whole wall time of
+        every recipe sitting in ``out`` so far (``out/recipe_log.jsonl``, one line per
+        sitting: start-up, eval sampling and export included), in hours.
+
+    Raises:
+        ValueError: a phase names a stage other than ``vae`` or ``dit``, the phases' steps of
+            one stage do not increase, or a stage failed (its exit status).
+    """
+    import time
+
+    started_at = time.time()
+    stop = {"asked": False} if stop is None else stop
+    last: dict[str, int] = {}
+    for phase in recipe:
+        if phase.stage not in ("vae", "dit"):
+            raise ValueError(f"recipe: stage {phase.stage!r}: must be 'vae' or 'dit'")
+        if phase.until <= last.get(phase.stage, 0):
+            raise ValueError(f"recipe: {phase.stage} phases must end at increasing steps")
+        last[phase.stage] = phase.until
+    missing = [part for part in ("vae", "dit")
+               if not (out / part / "checkpoint" / "state.json").exists()]
+    if committed is not None and missing and \
+            (committed / "vae" / "checkpoint" / "vae.safetensors").exists():
+        print(f"[recipe] restore: {json.dumps(restore_run(out, None, committed))}",
+              file=sys.stderr, flush=True)
+    deadline = None if minutes is None else time.monotonic() + minutes * 60
+    common = ["--out", str(out), "--seed", str(seed), "--threads", str(threads)]
+    reached = []
+    done = True
+    for i, phase in enumerate(recipe):
+        step = _checkpoint_state(out / phase.stage)["step"]
+        if step < phase.until:
+            left = None if deadline is None else (deadline - time.monotonic()) / 60
+            if stop["asked"] or (left is not None and left <= 0):
+                done = False
+                break
+            print(f"[recipe] phase {i + 1}/{len(recipe)}: {phase.stage} {step} -> "
+                  f"{phase.until}", file=sys.stderr, flush=True)
+            argv = [phase.stage, *common, "--steps", str(phase.until), *phase.flags]
+            if left is not None:
+                argv += ["--minutes", f"{left:.4f}"]
+            code = main(argv, stop=stop)
+            if code != 0:
+                raise ValueError(f"recipe: phase {i + 1} ({phase.stage}) exited with {code}")
+            step = _checkpoint_state(out / phase.stage)["step"]
+        reached.append({"stage": phase.stage, "until": phase.until, "step": step})
+        if step < phase.until:
+            done = False
+            break
+    def _exported() -> bool:  # dest holds this run's last step, word map included
+        meta = dest / "studio.json"
+        words = dest / "reference_encoder"
+        return meta.exists() and json.loads(meta.read_text()).get("training_step") == \
+            _checkpoint_state(out / "dit")["step"] and \
+            (not words.is_dir() or (words / "word_map.safetensors").exists())
+
+    if done and "dit" in last and not _exported():
+        dit_phase = [p for p in recipe if p.stage == "dit"][-1]
+        total = dit_phase.flags[dit_phase.flags.index("--total-steps") + 1] \
+            if "--total-steps" in dit_phase.flags else str(dit_phase.until)
+        code = main(["export", *common, "--dest", str(dest), "--total-steps", total,
+                     "--committed", str(committed or out)], stop=stop)
+        if code != 0:
+            raise ValueError(f"recipe: export exited with {code}")
+    hours = {stage: round(_checkpoint_state(out / stage).get("elapsed_s", 0.0) / 3600, 2)
+             for stage in ("vae", "dit")}
+    hours["total"] = round(hours["vae"] + hours["dit"], 2)
+    # each sitting's whole wall time (start-up, the stages' eval sampling, the export):
+    # the training budget as a clock on the wall sees it
+    log = out / "recipe_log.jsonl"
+    sitting = {"started": started_at, "wall_s": round(time.time() - started_at, 1),
+               "done": done, "phases": reached}
+    out.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as fh:
+        fh.write(json.dumps(sitting) + "\n")
+    hours["sittings"] = round(sum(json.loads(line)["wall_s"] for line in
+                                  log.read_text().splitlines()) / 3600, 2)
+    return {"done": done, "phases": reached, "hours": hours,
+            "dest": str(dest) if done else None}
+
+
+def main(argv: list[str] | None = None, stop: dict | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m studio.tiny.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("stage", choices=["vae", "decoder", "dit", "align-reference",
                                           "export", "snapshot",
-                                          "restore", "reference-words"])
+                                          "restore", "reference-words", "recipe"])
     parser.add_argument("--out", default="runs/tiny", help="run folder (checkpoints, logs)")
     parser.add_argument("--minutes", type=float, default=None, help="stop after this sitting")
     parser.add_argument("--steps", type=int, default=None, help="stop at this total step")
@@ -325,11 +491,14 @@ def main(argv: list[str] | None = None) -> int:
                              "dit 6e-4)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     parser.add_argument("--checkpoint-every", type=float, default=300.0, help="seconds")
-    parser.add_argument("--dest", default="assets/models/tiny-wan", help="export folder")
-    parser.add_argument("--committed", default="training/tiny",
+    parser.add_argument("--dest", default=None,
+                        help="export folder (default assets/models/tiny-wan; recipe: "
+                             "<out>/export)")
+    parser.add_argument("--committed", default=None,
                         help="snapshot, restore, export: the repository folder of the run's "
-                             "committed parts (vae/, dit/, decoder-w16/); training/tiny/v3 "
-                             "for the 2x-VAE run")
+                             "committed parts (vae/, dit/, decoder-w16/; default "
+                             "training/tiny); training/tiny/v3 for the 2x-VAE run; recipe: "
+                             "the snapshot to resume from (default none)")
     parser.add_argument("--decoder-base-dim", type=int, default=None,
                         help="decoder: train a decoder this wide from scratch (default: keep "
                              "the VAE's width and start from its decoder)")
@@ -470,6 +639,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.decoder_base_dim is not None and args.decoder_base_dim < 8:
         parser.error(f"--decoder-base-dim must be at least 8, got {args.decoder_base_dim}")
     out = Path(args.out)
+    if args.stage == "recipe":
+        return _recipe_stage(args, out, stop)
+    args.dest = args.dest or "assets/models/tiny-wan"
+    args.committed = args.committed or "training/tiny"
     if args.stage == "reference-words":
         return _reference_words_stage(Path(args.dest), args)
     if args.stage in ("restore", "snapshot"):
@@ -491,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a session ending, `kill`): finish the step, save a checkpoint, exit
     import signal
 
-    stop = {"asked": False}
+    stop = {"asked": False} if stop is None else stop
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("asked", True))
     device = device_default()
     if args.stage == "vae":
@@ -653,6 +826,30 @@ def _denoiser_stage(args, out: Path, device, vae, stop) -> int:
     if getattr(task, "ema_reference_encoder", None) is None:
         return 0
     return _reference_words_stage(Path(args.dest), args)
+
+
+def _recipe_stage(args, out: Path, stop: dict | None) -> int:
+    """Stage ``recipe``: :func:`run_recipe` into ``--out``, exported to ``--dest`` (default
+    ``<out>/export``, so the shipped model changes only when asked), resuming from the
+    snapshot ``--committed`` when given explicitly; prints the phases and hours as JSON."""
+    import signal
+
+    if args.steps is not None or args.total_steps is not None:
+        print("error: recipe: --steps and --total-steps are the recipe's own (RECIPE in "
+              "studio/tiny/train.py)", file=sys.stderr)
+        return 2
+    stop = {"asked": False} if stop is None else stop
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("asked", True))
+    dest = out / "export" if args.dest is None else Path(args.dest)
+    committed = None if args.committed is None else Path(args.committed)
+    try:
+        report = run_recipe(out, dest, committed=committed, threads=args.threads,
+                            seed=args.seed, minutes=args.minutes, stop=stop)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report))
+    return 0
 
 
 def _reference_words_stage(dest: Path, args) -> int:

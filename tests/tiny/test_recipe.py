@@ -1,0 +1,125 @@
+"""The one-command training recipe (``python -m studio.tiny.train recipe``): its phases run in
+order on the real stages, a stopped sitting resumes where its checkpoints are, the export
+carries the reference word map, and a snapshot carries the whole run (VAE included) into a
+fresh folder without any other lineage's weights."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+
+from studio.tiny import reference_words
+from studio.tiny import train as tiny_train
+from studio.tiny.autoencoder import VaeTask
+from studio.tiny.denoiser import DenoiserTask
+from studio.tiny.train import RECIPE, RecipePhase, main, run_recipe, snapshot_run
+
+# the recipe's shape on a few steps: the VAE, then two denoiser phases of one schedule
+TINY = (RecipePhase("vae", 2, ("--total-steps", "50")),
+        RecipePhase("dit", 2, ("--total-steps", "6", "--reference-share", "0.3",
+                               "--reference-alignment", "0.5")),
+        RecipePhase("dit", 4, ("--total-steps", "6", "--reference-share", "0.3",
+                               "--image-share", "0.1", "--reference-alignment", "0.5")))
+
+
+@pytest.fixture
+def quick(monkeypatch):
+    """No eval sampling at the denoiser's checkpoints, and a word map fitted on few images
+    (both are tested on their own); counts the stages the recipe starts."""
+    monkeypatch.setattr(DenoiserTask, "on_checkpoint", lambda self, out_dir, step: None)
+    monkeypatch.setattr(reference_words, "fit_word_map",
+                        functools.partial(reference_words.fit_word_map, images=64,
+                                          held_out=16))
+    started: list[str] = []
+    real_main = tiny_train.main
+
+    def counting_main(argv=None, stop=None):
+        started.append(argv[0])
+        return real_main(argv, stop=stop)
+
+    monkeypatch.setattr(tiny_train, "main", counting_main)
+    return started
+
+
+def _step(run: Path) -> int:
+    return json.loads((run / "checkpoint" / "state.json").read_text())["step"]
+
+
+def test_recipe_resumes_a_stopped_sitting_exports_once_and_travels_by_snapshot(tmp_path,
+                                                                                 quick):
+    out, dest = tmp_path / "run", tmp_path / "model"
+    # a sitting cut short: SIGTERM's flag rises during the VAE's first step
+    stop = {"asked": False}
+    real_loss = VaeTask.loss
+
+    def loss_then_stop(self, *args):
+        stop["asked"] = True
+        return real_loss(self, *args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(VaeTask, "loss", loss_then_stop)
+        first = run_recipe(out, dest, threads=1, stop=stop, recipe=TINY)
+    assert first["done"] is False and first["dest"] is None
+    assert first["phases"] == [{"stage": "vae", "until": 2, "step": 1}]
+    assert not (out / "dit").exists() and not dest.exists()
+    # the same command again: goes on from the VAE's checkpoint through both denoiser phases
+    second = run_recipe(out, dest, threads=1, recipe=TINY)
+    assert second["done"] is True
+    assert [p["step"] for p in second["phases"]] == [2, 2, 4]
+    assert _step(out / "vae") == 2 and _step(out / "dit") == 4
+    assert quick == ["vae", "vae", "dit", "dit", "export"]
+    meta = json.loads((dest / "studio.json").read_text())
+    assert meta["training_step"] == 4 and "step 4 of 6" in meta["description"]
+    assert (dest / "reference_encoder" / "word_map.safetensors").exists()
+    assert meta["reference_words"]["placeholder"] == "object"
+    assert second["hours"]["total"] == pytest.approx(
+        second["hours"]["vae"] + second["hours"]["dit"])
+    sittings = [json.loads(line) for line in (out / "recipe_log.jsonl").read_text().splitlines()]
+    assert [s["done"] for s in sittings] == [False, True]
+    assert all(s["wall_s"] > 0 for s in sittings)
+    assert second["hours"]["sittings"] == pytest.approx(
+        sum(s["wall_s"] for s in sittings) / 3600, abs=0.01)
+    # done and exported: a third run trains and exports nothing
+    quick.clear()
+    assert run_recipe(out, dest, threads=1, recipe=TINY)["done"] is True
+    assert quick == []
+    # the snapshot carries the whole run, VAE included; a fresh folder resumes from it alone
+    committed = tmp_path / "committed"
+    snapshot_run(out, committed)
+    assert (committed / "vae" / "checkpoint" / "vae.safetensors").read_bytes() == \
+        (out / "vae" / "checkpoint" / "vae.safetensors").read_bytes()
+    out2, dest2 = tmp_path / "run2", tmp_path / "model2"
+    third = run_recipe(out2, dest2, committed=committed, threads=1, recipe=TINY)
+    assert third["done"] is True and quick == ["export"]
+    assert _step(out2 / "dit") == 4
+    restored = [json.loads(line) for line in
+                (out2 / "dit" / "train_log.jsonl").read_text().splitlines()]
+    assert restored[-1]["restored_from"] == str(committed / "dit" / "checkpoint")
+    assert json.loads((dest2 / "studio.json").read_text())["training_step"] == 4
+
+
+def test_recipe_refuses_bad_phases_and_its_own_flags(tmp_path, capsys):
+    with pytest.raises(ValueError, match="increasing"):
+        run_recipe(tmp_path, tmp_path / "m", recipe=(RecipePhase("dit", 4, ()),
+                                                     RecipePhase("dit", 4, ())))
+    with pytest.raises(ValueError, match="'decoder'"):
+        run_recipe(tmp_path, tmp_path / "m", recipe=(RecipePhase("decoder", 4, ()),))
+    assert main(["recipe", "--out", str(tmp_path), "--steps", "5"]) == 2
+    assert "--steps and --total-steps are the recipe's own" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_shipped_recipe_is_issue_3s_budget_on_one_schedule():
+    """The phases parse as the trainer's own arguments, one cosine schedule spans the
+    denoiser's phases, and the VAE is the one the shipped model's latents come from."""
+    assert [p.stage for p in RECIPE] == ["vae", "dit", "dit"]
+    dit = [p for p in RECIPE if p.stage == "dit"]
+    totals = {p.flags[p.flags.index("--total-steps") + 1] for p in dit}
+    assert totals == {str(dit[-1].until)}
+    vae = RECIPE[0].flags
+    shipped = json.loads(Path("training/tiny/v3/vae/architecture.json").read_text())
+    assert vae[vae.index("--spatial-compression") + 1] == str(shipped["spatial_compression"])
+    assert vae[vae.index("--temporal-compression") + 1] == str(shipped["temporal_compression"])
