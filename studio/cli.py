@@ -157,6 +157,25 @@ def _load_inputs(args, mode: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return fields, pixels
 
 
+PLAIN_CONVERSIONS = ("8-bit RGB as is", "mask thresholded at 128 (white = repaint)")
+
+
+def _conversion_notes(fields: dict[str, Any]) -> list[str]:
+    """One note per input image that :mod:`studio.core.media` changed on the way in (alpha
+    composited on white, grayscale or 16-bit scaled, palette or CMYK converted, EXIF
+    orientation, first frame of an animation), named by its field and file; nothing for an
+    8-bit RGB image (or a mask) taken as it is."""
+    notes = []
+    for name, value in fields.items():
+        refs = value if isinstance(value, tuple) else (value,)
+        for i, ref in enumerate(refs):
+            steps = [s for s in ref.conversion.split("; ") if s not in PLAIN_CONVERSIONS]
+            if steps:
+                label = f"{name}[{i}]" if isinstance(value, tuple) else name
+                notes.append(f"{label}: {ref.source}: {'; '.join(steps)}")
+    return notes
+
+
 def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
     """Turns CLI arguments into a checked request.
 
@@ -219,6 +238,7 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
         fields, pixels = _load_inputs(args, mode)
     except InputImageError as exc:
         raise BadInput(str(exc)) from None
+    notes.extend(_conversion_notes(fields))
     if base:
         for name in ("init_image", "mask", "first_frame"):
             recorded = base.get(name)

@@ -6,7 +6,8 @@ Conversion rules (every input image: init image, mask, first frame, reference):
   :class:`InputImageError` naming the file ("damaged or incomplete").
 * EXIF orientation is applied.
 * Alpha (RGBA, LA, palette with transparency) is composited onto :data:`BACKGROUND_RGB`
-  (white) — transparent areas become white, never black.
+  (white) — transparent areas become white, never black (a fully transparent image becomes
+  plain white, and its conversion note says so).
 * 16-bit and 32-bit integer data are scaled to 8 bits (``round(v * 255 / 65535)``), never
   clipped; float images are scaled from [0, 1].
 * Palette images are expanded; grayscale is replicated to three channels; CMYK/YCbCr/LAB go
@@ -130,8 +131,11 @@ def _to_rgb8(img: Image.Image, notes: list[str]) -> np.ndarray:
         alpha = np.asarray(rgba, dtype=np.float64)[..., 3:4] / 255.0
         rgb = np.asarray(rgba, dtype=np.float64)[..., :3]
         bg = np.asarray(BACKGROUND_RGB, dtype=np.float64)
-        if alpha.min() < 1.0:
-            notes.append("transparency composited on white #" + "".join(f"{c:02X}" for c in BACKGROUND_RGB))
+        white = "white #" + "".join(f"{c:02X}" for c in BACKGROUND_RGB)
+        if alpha.max() == 0.0:  # nothing of the picture is left: say so plainly
+            notes.append(f"fully transparent: every pixel became {white}")
+        elif alpha.min() < 1.0:
+            notes.append(f"transparency composited on {white}")
         return np.clip(np.rint(rgb * alpha + bg * (1 - alpha)), 0, 255).astype(np.uint8)
     if mode == "1":
         notes.append("1-bit expanded")

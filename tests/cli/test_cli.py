@@ -127,6 +127,9 @@ def test_case_002_every_pixel_format_is_accepted(tmp_path, capsys, name, flag, m
     assert frames.shape[1:3] == (req["height"], req["width"])
     field = "init_image" if mode == "i2i" else "first_frame"
     assert req[field]["conversion"] and req[field]["source"] == name
+    # the conversion is said, by field and file, as the request records it
+    said = [line for line in err.splitlines() if line.startswith(f"note: {field}: {name}: ")]
+    assert len(said) == 1 and said[0].split(": ", 3)[3] in req[field]["conversion"], err
     if name == "gray_alpha.png":  # 40x72 fits no model: the size used is said
         assert "48x80" in err and (req["width"], req["height"]) == (48, 80)
 

@@ -66,6 +66,17 @@ def test_rgba_transparent_is_composited_on_white_not_black():
     assert "white" in img.conversion and img.pixels.dtype == np.uint8
 
 
+def test_fully_transparent_image_is_said_to_be_plain_white():
+    rgba = np.zeros((4, 6, 4), np.uint8)
+    rgba[..., 2] = 255  # blue, but nowhere visible
+    img = decode_user_image(png_bytes(Image.fromarray(rgba, "RGBA")), "clear.png")
+    assert (img.pixels == 255).all()
+    assert img.conversion == "fully transparent: every pixel became white #FFFFFF"
+    rgba[0, 0, 3] = 1  # one pixel barely there: composited, not "fully transparent"
+    img = decode_user_image(png_bytes(Image.fromarray(rgba, "RGBA")), "almost.png")
+    assert img.conversion == "transparency composited on white #FFFFFF"
+
+
 def test_partial_alpha_is_blended():
     rgba = np.zeros((4, 4, 4), np.uint8)
     rgba[..., 0] = 255
