@@ -47,7 +47,7 @@ def reference_features(runner, pixels: list[np.ndarray]) -> torch.Tensor:
     side = encoder.config.image_size * int(runner.base.vae.config.get("scale_factor_spatial", 8))
     rows = []
     for px in pixels:
-        latents = runner._encode_image(fit_image(px, side, side))
+        latents = runner.encode_image(fit_image(px, side, side), cache=False)
         rows.append(reference_tokens(encoder, latents)[0, :WORDS].reshape(-1).float())
     return torch.stack(rows)
 

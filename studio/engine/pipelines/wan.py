@@ -139,12 +139,15 @@ class WanRunner(FamilyRunner):
         }
 
     @torch.no_grad()
-    def encode_image(self, pixels: np.ndarray) -> torch.Tensor:
+    def encode_image(self, pixels: np.ndarray, *, cache: bool = True) -> torch.Tensor:
         """uint8 (H, W, 3) -> normalised latents (1, C, 1, h, w), as Wan's pipelines normalise
         them (posterior mode; ``(z - latents_mean) / latents_std``). Cached by the pixels'
-        content id: a reference or init image used again is not re-encoded."""
+        content id: a reference or init image used again is not re-encoded; ``cache=False``
+        (e.g. a fit over a thousand images) neither reads nor fills the cache."""
         from studio.core.media import pixels_content_id
 
+        if not cache:
+            return self._encode_image(pixels)
         key = ("vae", pixels_content_id(pixels), pixels.shape)
         return self.embeddings.get(key, lambda: (self._encode_image(pixels),))[0][0]
 
