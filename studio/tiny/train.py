@@ -371,6 +371,10 @@ RECIPE: tuple[RecipePhase, ...] = (
 )
 
 
+# what the recipe stage takes from the command line; every other flag is a phase's own
+RECIPE_ARGUMENTS = frozenset({"stage", "out", "minutes", "seed", "threads", "dest", "committed"})
+
+
 def _checkpoint_state(run: Path) -> dict:
     """``run/checkpoint/state.json`` (step, elapsed_s, seed), or step 0 when there is none."""
     path = run / "checkpoint" / "state.json"
@@ -443,6 +447,7 @@ def run_recipe(out: Path, dest: Path, *, committed: Path | None = None, threads:
         if step < phase.until:
             done = False
             break
+
     def _exported() -> bool:  # dest holds this run's last step, word map included
         meta = dest / "studio.json"
         words = dest / "reference_encoder"
@@ -640,6 +645,13 @@ def main(argv: list[str] | None = None, stop: dict | None = None) -> int:
         parser.error(f"--decoder-base-dim must be at least 8, got {args.decoder_base_dim}")
     out = Path(args.out)
     if args.stage == "recipe":
+        defaults = vars(parser.parse_args(["recipe"]))
+        own = sorted(f"--{k.replace('_', '-')}" for k, v in vars(args).items()
+                     if k not in RECIPE_ARGUMENTS and v != defaults[k])
+        if own:
+            parser.error(f"recipe: {', '.join(own)}: the recipe sets its stages' own flags "
+                         f"(RECIPE in studio/tiny/train.py); it takes only "
+                         f"{', '.join('--' + a for a in sorted(RECIPE_ARGUMENTS - {'stage'}))}")
         return _recipe_stage(args, out, stop)
     args.dest = args.dest or "assets/models/tiny-wan"
     args.committed = args.committed or "training/tiny"
@@ -834,10 +846,6 @@ def _recipe_stage(args, out: Path, stop: dict | None) -> int:
     snapshot ``--committed`` when given explicitly; prints the phases and hours as JSON."""
     import signal
 
-    if args.steps is not None or args.total_steps is not None:
-        print("error: recipe: --steps and --total-steps are the recipe's own (RECIPE in "
-              "studio/tiny/train.py)", file=sys.stderr)
-        return 2
     stop = {"asked": False} if stop is None else stop
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("asked", True))
     dest = out / "export" if args.dest is None else Path(args.dest)

@@ -107,8 +107,11 @@ def test_recipe_refuses_bad_phases_and_its_own_flags(tmp_path, capsys):
                                                      RecipePhase("dit", 4, ())))
     with pytest.raises(ValueError, match="'decoder'"):
         run_recipe(tmp_path, tmp_path / "m", recipe=(RecipePhase("decoder", 4, ()),))
-    assert main(["recipe", "--out", str(tmp_path), "--steps", "5"]) == 2
-    assert "--steps and --total-steps are the recipe's own" in capsys.readouterr().err
+    for flags in (["--steps", "5"], ["--total-steps", "9"], ["--lr", "0.01", "--no-pool"]):
+        with pytest.raises(SystemExit):
+            main(["recipe", "--out", str(tmp_path), *flags])
+        err = capsys.readouterr().err
+        assert f"recipe: {flags[0]}" in err and "the recipe sets its stages' own flags" in err
     assert not any(tmp_path.iterdir())
 
 
