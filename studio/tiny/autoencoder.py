@@ -348,11 +348,43 @@ class VaeTask(TrainTask):
             tmp.write_text(json.dumps(self.architecture()) + "\n")
             tmp.replace(arch)
 
+    @torch.no_grad()
+    def write_reconstruction_grid(self, path: Path, step: int) -> Path:
+        """Writes a sample grid of the fixed eval batch (PNG contact sheet, atomically): eight
+        images and the four clips' first, middle and last frames, each as the original beside
+        its reconstruction (posterior mode)."""
+        from studio.store.contact_sheet import SheetItem, write_contact_sheet
+
+        self.vae.eval()
+        items = []
+        for name, pixels in (("image", self.fixed_images[:8]), ("clip", self.fixed_clips[:4])):
+            x = to_tensor(pixels, self.device)
+            rec = self.vae.decode(self.vae.encode(x).latent_dist.mode()).sample
+            # (B, 3, F, H, W) in [-1, 1] -> uint8 (B, F, H, W, 3), as the inputs are laid out
+            back = ((rec.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+            back = back.permute(0, 2, 3, 4, 1).cpu().numpy().reshape(
+                (len(pixels), -1, *pixels.shape[-3:]))
+            for orig, recon in zip(pixels, back, strict=True):
+                orig = orig.reshape(-1, *pixels.shape[-3:])
+                frames = [0, len(orig) // 2, len(orig) - 1] if len(orig) > 1 else [0]
+                strip = np.concatenate(
+                    [np.concatenate([orig[f], recon[f]], axis=0) for f in frames], axis=1)
+                lines = (("top: original", "bottom: reconstruction") if len(frames) == 1 else
+                         ("top original, bottom rebuilt", "frames: first | middle | last"))
+                items.append(SheetItem(strip, (f"{name}, step {step}", *lines),
+                                       {"kind": name, "training_step": step}))
+        self.vae.train()
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return write_contact_sheet(path, items, 160)
+
     def on_checkpoint(self, out_dir, step):
+        """Each checkpoint's eval line (``eval_log.jsonl``: :meth:`evaluate`) and sample grid
+        (``samples/step_NNNNNN.png``: :meth:`write_reconstruction_grid`)."""
         self.write_architecture(out_dir)
         line = {"step": step, **self.evaluate()}
         with open(out_dir / "eval_log.jsonl", "a") as fh:
             fh.write(json.dumps(line) + "\n")
+        self.write_reconstruction_grid(Path(out_dir) / "samples" / f"step_{step:06d}.png", step)
         print(f"[{type(self).__name__}] step {step}: {line}", file=sys.stderr, flush=True)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -486,6 +487,7 @@ class DenoiserTask(TrainTask):
             raise ValueError(f"motion_awareness={motion_awareness}: must be in [0, 10]")
         self.motion_awareness = motion_awareness
         self.eval_modes = ("t2i",)  # each checkpoint's eval line; the dit stage adds "t2v"
+        self.eval_prompts = 32  # held-out prompts per mode of each eval line
         self.noise_level_mean = noise_level_mean
         self.reference_alignment, self.reference_lr_scale = reference_alignment, reference_lr_scale
         self.device = device
@@ -693,13 +695,19 @@ class DenoiserTask(TrainTask):
         return pipe
 
     def on_checkpoint(self, out_dir, step):
-        from studio.tiny.sampling import adherence_report
+        """Each checkpoint's eval line (``eval_log.jsonl``: adherence per attribute on
+        ``eval_prompts`` held-out prompts per mode of ``eval_modes``, 20 steps) and sample
+        grid (``samples/step_NNNNNN.png``: the first eight of those samples per mode, under
+        their captions)."""
+        from studio.tiny.sampling import adherence_report, write_sample_grid
 
-        report = adherence_report(self.pipeline(), n=32, steps=20, seed=step,
-                                  modes=getattr(self, "eval_modes", ("t2i",)))
+        kept: dict = {}
+        report = adherence_report(self.pipeline(), n=self.eval_prompts, steps=20, seed=step,
+                                  modes=getattr(self, "eval_modes", ("t2i",)), keep=kept)
         line = {"step": step, **report}
         with open(out_dir / "eval_log.jsonl", "a") as fh:
             fh.write(json.dumps(line) + "\n")
+        write_sample_grid(Path(out_dir) / "samples" / f"step_{step:06d}.png", kept, step=step)
         print(f"[dit] step {step}: {line}", file=sys.stderr, flush=True)
         for m in (self.text_encoder, self.transformer, self.reference_encoder):
             m.train()

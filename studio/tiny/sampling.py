@@ -41,14 +41,27 @@ def generate(pipe, captions: list[str], *, frames: int = 1, steps: int = 20,
 
 
 def adherence_report(pipe, *, n: int = 32, steps: int = 20, seed: int = 0,
-                     modes: tuple[str, ...] = ("t2i",)) -> dict[str, float]:
-    """Per-attribute accuracy on ``n`` held-out prompts per mode, flattened for a log line."""
+                     modes: tuple[str, ...] = ("t2i",),
+                     keep: dict[str, tuple[list[str], np.ndarray]] | None = None
+                     ) -> dict[str, float]:
+    """Per-attribute accuracy on ``n`` held-out prompts per mode, flattened for a log line.
+
+    Args:
+        keep: when given, receives each mode's first batch as ``{mode: (captions, pixels)}``
+            (uint8 (B, H, W, 3) images or (B, F, H, W, 3) clips), e.g. for
+            :func:`write_sample_grid`.
+    """
     out: dict[str, float] = {}
     for mode in modes:
         frames = 9 if mode == "t2v" else 1
-        report = evaluate.score_mode(
-            lambda caps, fr=frames: generate(pipe, caps, frames=fr, steps=steps, seed=seed),
-            mode, n=n, seed=seed, batch_size=16)
+
+        def sample(caps, fr=frames, mode=mode):
+            pixels = generate(pipe, caps, frames=fr, steps=steps, seed=seed)
+            if keep is not None and mode not in keep:
+                keep[mode] = (list(caps), pixels)
+            return pixels
+
+        report = evaluate.score_mode(sample, mode, n=n, seed=seed, batch_size=16)
         out.update({f"{mode}_{k}": round(v, 3) for k, v in report.accuracy.items()})
         out.update({f"{mode}_position_{k}": round(v, 3)
                     for k, v in evaluate.position_axes(report).items()})
@@ -102,4 +115,36 @@ def export_pipeline(task, dest: Path, step: int | None = None,
     return dest
 
 
-__all__ = ["adherence_report", "export_pipeline", "generate", "world"]
+def _wrap(text: str, width: int = 26, lines: int = 3) -> tuple[str, ...]:
+    import textwrap
+
+    return tuple(textwrap.wrap(text, width)[:lines])
+
+
+def write_sample_grid(path: Path, kept: dict[str, tuple[list[str], np.ndarray]], *,
+                      step: int, per_mode: int = 8, cell: int = 160) -> Path:
+    """Writes a training checkpoint's sample grid: the first ``per_mode`` samples of each
+    mode in ``kept`` (:func:`adherence_report`'s ``keep``), each under its caption; a clip is
+    shown as its first, middle and last frames side by side. A PNG contact sheet
+    (:func:`studio.store.contact_sheet.write_contact_sheet`, written atomically) whose text
+    chunk lists each cell's mode, caption and training step.
+
+    Raises:
+        ValueError: ``kept`` holds no samples.
+    """
+    from studio.store.contact_sheet import SheetItem, write_contact_sheet
+
+    items = []
+    for mode, (captions, pixels) in kept.items():
+        for caption, px in list(zip(captions, pixels, strict=True))[:per_mode]:
+            if px.ndim == 4:  # a clip (F, H, W, 3): first | middle | last
+                px = np.concatenate([px[0], px[len(px) // 2], px[-1]], axis=1)
+            items.append(SheetItem(px, (f"{mode}, step {step}", *_wrap(caption)),
+                                   {"mode": mode, "prompt": caption, "training_step": step}))
+    if not items:
+        raise ValueError("kept: no samples to draw")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return write_contact_sheet(path, items, cell)
+
+
+__all__ = ["adherence_report", "export_pipeline", "generate", "world", "write_sample_grid"]

@@ -582,3 +582,65 @@ def test_vae_stage_refuses_to_resume_with_another_temporal_compression(tmp_path,
         main(["vae", "--out", str(tmp_path), "--temporal-compression", "4", "--steps", "0"])
     assert exit_info.value.code == 2
     assert "was started with 2" in capsys.readouterr().err
+
+
+def _sheet_cells(path) -> list[dict]:
+    from PIL import Image
+
+    with Image.open(path) as img:
+        img.load()
+        return json.loads(img.text["studio:contact_sheet"])
+
+
+def test_denoiser_checkpoint_writes_its_eval_line_and_a_sample_grid(tmp_path, monkeypatch):
+    from studio.store.contact_sheet import make_contact_sheet
+    from studio.tiny import sampling
+
+    torch.manual_seed(0)
+    task = DenoiserTask(torch.device("cpu"), build_vae(), image_batch=2, clip_batch=1)
+    task.eval_modes, task.eval_prompts = ("t2i", "t2v"), 3
+    drawn = {}
+    real_sheet = sampling.write_sample_grid
+
+    def spy(path, kept, **kw):  # what the grid is drawn from
+        drawn.update(kept)
+        return real_sheet(path, kept, **kw)
+
+    monkeypatch.setattr(sampling, "write_sample_grid", spy)
+    task.on_checkpoint(tmp_path, 7)
+    line = json.loads((tmp_path / "eval_log.jsonl").read_text())
+    assert line["step"] == 7 and 0 <= line["t2i_colour"] <= 1 and 0 <= line["t2v_motion"] <= 1
+    grid = tmp_path / "samples" / "step_000007.png"
+    cells = _sheet_cells(grid)
+    # every eval prompt of both modes (3 < 8), each under its own caption, in the report's order
+    from studio.tiny import world
+
+    prompts = {m: [c for c, _ in world.eval_prompts(3, m, 7)] for m in ("t2i", "t2v")}
+    assert [(c["request"]["mode"], c["request"]["prompt"]) for c in cells] == \
+        [(m, p) for m in ("t2i", "t2v") for p in prompts[m]]
+    assert all(c["request"]["training_step"] == 7 for c in cells)
+    assert drawn["t2i"][1].shape == (3, 64, 64, 3) and drawn["t2v"][1].shape[:2] == (3, 9)
+    # the PNG is the sheet of exactly those pixels (clips as first | middle | last frames)
+    from PIL import Image
+
+    from studio.store.contact_sheet import SheetItem
+
+    clips = drawn["t2v"][1]
+    items = [SheetItem(px) for px in drawn["t2i"][1]] + [
+        SheetItem(np.concatenate([c[0], c[4], c[8]], axis=1)) for c in clips]
+    expected = make_contact_sheet(items, 160)
+    got = np.asarray(Image.open(grid).convert("RGB"))
+    assert got.shape[1] == expected.shape[1]
+    # cell 0's picture area, top left of the sheet, matches the first t2i sample scaled
+    assert np.array_equal(got[8:168, 8:168], expected[8:168, 8:168])
+
+
+def test_vae_checkpoint_writes_a_reconstruction_grid(tmp_path):
+    torch.manual_seed(0)
+    task = VaeTask(torch.device("cpu"), image_batch=2, clip_batch=1)
+    task.on_checkpoint(tmp_path, 3)
+    assert json.loads((tmp_path / "eval_log.jsonl").read_text())["step"] == 3
+    cells = _sheet_cells(tmp_path / "samples" / "step_000003.png")
+    assert [c["request"]["kind"] for c in cells] == ["image"] * 8 + ["clip"] * 4
+    assert cells[0]["label"] == ["image, step 3", "top: original", "bottom: reconstruction"]
+    assert cells[-1]["label"][2] == "frames: first | middle | last"
