@@ -98,6 +98,7 @@ OPTIONAL_SNAPSHOT_PARTS = (("reference_encoder", "model.safetensors"),)
 # carries their live weights, so a restored run does not start them fresh
 TRAINING_ONLY_PARTS = ("frame_head", "motion_head")
 DECODER_KEYS = ("decoder.", "post_quant_conv.")
+RECIPE_LOG = "recipe_log.jsonl"  # one line per sitting of run_recipe, in the run's folder
 
 
 def snapshot_run(out: Path, committed: Path = Path("training/tiny")) -> dict:
@@ -108,7 +109,8 @@ def snapshot_run(out: Path, committed: Path = Path("training/tiny")) -> dict:
     ``committed/decoder-w16`` (each file written to a temporary name, then renamed), for
     :func:`restore_run` on the next machine. When ``committed/vae`` holds no VAE checkpoint
     yet, the run's VAE (``out/vae``: its weights as trained, state, logs and architecture)
-    goes there too, so a snapshot carries a whole run of its own. The run's training-only heads
+    goes there too, so a snapshot carries a whole run of its own (with its recipe log,
+    :data:`RECIPE_LOG`, when it has one). The run's training-only heads
     (:data:`TRAINING_ONLY_PARTS`, e.g. the frame-awareness head) go along as they are (live
     weights, fp16); a head the run lacks is removed from the snapshot, so a restore never
     pairs one run's head with another run's denoiser.
@@ -169,6 +171,7 @@ def snapshot_run(out: Path, committed: Path = Path("training/tiny")) -> dict:
         copies += [(decoder / "state.json", ddest / "state.json"),
                    *((out / "decoder" / log, committed / "decoder-w16" / log)
                      for log in ("train_log.jsonl", "eval_log.jsonl"))]
+    copies.append((out / RECIPE_LOG, committed / RECIPE_LOG))  # a recipe run's sittings
     vae_ckpt = out / "vae" / "checkpoint"
     vae_dest = committed / "vae"
     if (vae_ckpt / "vae.safetensors").exists() and \
@@ -262,6 +265,9 @@ def restore_run(out: Path, dest: Path | None,
             if (src / log).exists() and not (dst / log).exists():
                 shutil.copy2(src / log, dst / log)
 
+    if (committed / RECIPE_LOG).exists() and not (out / RECIPE_LOG).exists():
+        out.mkdir(parents=True, exist_ok=True)  # a recipe run's sittings so far
+        shutil.copy2(committed / RECIPE_LOG, out / RECIPE_LOG)
     vae_dir = out / "vae"  # the VAE as trained jointly: its encoder defines the latent space
     if (vae_dir / "checkpoint" / "vae.safetensors").exists():
         done["vae"] = "kept"
@@ -468,7 +474,7 @@ def run_recipe(out: Path, dest: Path, *, committed: Path | None = None, threads:
     hours["total"] = round(hours["vae"] + hours["dit"], 2)
     # each sitting's whole wall time (start-up, the stages' eval sampling, the export):
     # the training budget as a clock on the wall sees it
-    log = out / "recipe_log.jsonl"
+    log = out / RECIPE_LOG
     sitting = {"started": started_at, "wall_s": round(time.time() - started_at, 1),
                "done": done, "phases": reached}
     out.mkdir(parents=True, exist_ok=True)

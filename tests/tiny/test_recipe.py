@@ -95,6 +95,10 @@ def test_recipe_resumes_a_stopped_sitting_exports_once_and_travels_by_snapshot(t
     third = run_recipe(out2, dest2, committed=committed, threads=1, recipe=TINY)
     assert third["done"] is True and quick == ["export"]
     assert _step(out2 / "dit") == 4
+    # the sittings travel with the snapshot: the new folder's log goes on from the old one's
+    carried = (out2 / "recipe_log.jsonl").read_text().splitlines()
+    assert len(carried) == 4 and carried[:3] == \
+        (out / "recipe_log.jsonl").read_text().splitlines()
     restored = [json.loads(line) for line in
                 (out2 / "dit" / "train_log.jsonl").read_text().splitlines()]
     assert restored[-1]["restored_from"] == str(committed / "dit" / "checkpoint")
