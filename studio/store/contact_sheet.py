@@ -34,6 +34,13 @@ class SheetItem:
     request: dict[str, Any] = field(default_factory=dict)
 
 
+def key_frame_strip(frames: np.ndarray) -> np.ndarray:
+    """A clip's first, middle and last frames side by side, for a sheet cell: uint8
+    (F, H, W, 3) -> (H, 3 W, 3); a single frame (F = 1) is returned as (H, W, 3)."""
+    picks = sorted({0, len(frames) // 2, len(frames) - 1})
+    return np.concatenate([frames[i] for i in picks], axis=1)
+
+
 def make_contact_sheet(items: Sequence[SheetItem], cell: int = 256) -> np.ndarray:
     """The sheet as uint8 (H, W, 3): ``ceil(sqrt(n))`` columns of ``cell``-pixel squares.
 

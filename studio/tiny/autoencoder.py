@@ -353,7 +353,7 @@ class VaeTask(TrainTask):
         """Writes a sample grid of the fixed eval batch (PNG contact sheet, atomically): eight
         images and the four clips' first, middle and last frames, each as the original beside
         its reconstruction (posterior mode)."""
-        from studio.store.contact_sheet import SheetItem, write_contact_sheet
+        from studio.store.contact_sheet import SheetItem, key_frame_strip, write_contact_sheet
 
         self.vae.eval()
         items = []
@@ -366,10 +366,8 @@ class VaeTask(TrainTask):
                 (len(pixels), -1, *pixels.shape[-3:]))
             for orig, recon in zip(pixels, back, strict=True):
                 orig = orig.reshape(-1, *pixels.shape[-3:])
-                frames = [0, len(orig) // 2, len(orig) - 1] if len(orig) > 1 else [0]
-                strip = np.concatenate(
-                    [np.concatenate([orig[f], recon[f]], axis=0) for f in frames], axis=1)
-                lines = (("top: original", "bottom: reconstruction") if len(frames) == 1 else
+                strip = np.concatenate([key_frame_strip(orig), key_frame_strip(recon)], axis=0)
+                lines = (("top: original", "bottom: reconstruction") if len(orig) == 1 else
                          ("top original, bottom rebuilt", "frames: first | middle | last"))
                 items.append(SheetItem(strip, (f"{name}, step {step}", *lines),
                                        {"kind": name, "training_step": step}))

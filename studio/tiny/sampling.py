@@ -132,13 +132,13 @@ def write_sample_grid(path: Path, kept: dict[str, tuple[list[str], np.ndarray]],
     Raises:
         ValueError: ``kept`` holds no samples.
     """
-    from studio.store.contact_sheet import SheetItem, write_contact_sheet
+    from studio.store.contact_sheet import SheetItem, key_frame_strip, write_contact_sheet
 
     items = []
     for mode, (captions, pixels) in kept.items():
         for caption, px in list(zip(captions, pixels, strict=True))[:per_mode]:
             if px.ndim == 4:  # a clip (F, H, W, 3): first | middle | last
-                px = np.concatenate([px[0], px[len(px) // 2], px[-1]], axis=1)
+                px = key_frame_strip(px)
             items.append(SheetItem(px, (f"{mode}, step {step}", *_wrap(caption)),
                                    {"mode": mode, "prompt": caption, "training_step": step}))
     if not items:

@@ -88,7 +88,7 @@ from studio.tiny.denoiser import (  # noqa: F401
     vocabulary,
     warm_start,
 )
-from studio.train.loop import TrainConfig, load_checkpoint, train
+from studio.train.loop import TrainConfig, last_checkpoint, load_checkpoint, train
 
 SNAPSHOT_PARTS = (("transformer", "diffusion_pytorch_model.safetensors"),
                   ("text_encoder", "model.safetensors"))
@@ -382,9 +382,11 @@ RECIPE_ARGUMENTS = frozenset({"stage", "out", "minutes", "seed", "threads", "des
 
 
 def _checkpoint_state(run: Path) -> dict:
-    """``run/checkpoint/state.json`` (step, elapsed_s, seed), or step 0 when there is none."""
-    path = run / "checkpoint" / "state.json"
-    return json.loads(path.read_text()) if path.exists() else {"step": 0, "elapsed_s": 0.0}
+    """The ``state.json`` (step, elapsed_s, seed) of ``run``'s last complete checkpoint (the
+    one a stage resumes from), or step 0 when there is none."""
+    ckpt = last_checkpoint(run)
+    return json.loads((ckpt / "state.json").read_text()) if ckpt is not None else \
+        {"step": 0, "elapsed_s": 0.0}
 
 
 def run_recipe(out: Path, dest: Path, *, committed: Path | None = None, threads: int = 0,
@@ -423,8 +425,7 @@ def run_recipe(out: Path, dest: Path, *, committed: Path | None = None, threads:
         if phase.until <= last.get(phase.stage, 0):
             raise ValueError(f"recipe: {phase.stage} phases must end at increasing steps")
         last[phase.stage] = phase.until
-    missing = [part for part in ("vae", "dit")
-               if not (out / part / "checkpoint" / "state.json").exists()]
+    missing = [part for part in ("vae", "dit") if last_checkpoint(out / part) is None]
     if committed is not None and missing and \
             (committed / "vae" / "checkpoint" / "vae.safetensors").exists():
         print(f"[recipe] restore: {json.dumps(restore_run(out, None, committed))}",

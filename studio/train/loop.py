@@ -131,6 +131,17 @@ def _param_groups(task: TrainTask) -> list[dict[str, Any]]:
     return [{"params": ps, "lr_scale": scale} for scale, ps in sorted(by_scale.items())]
 
 
+def last_checkpoint(out_dir: str | os.PathLike[str]) -> Path | None:
+    """The folder of the last complete checkpoint under ``out_dir``: ``checkpoint``, or
+    ``checkpoint.old`` when a save was cut off between its two renames; None if neither
+    holds a ``state.json``."""
+    for name in ("checkpoint", "checkpoint.old"):
+        ckpt = Path(out_dir) / name
+        if (ckpt / "state.json").exists():
+            return ckpt
+    return None
+
+
 def load_checkpoint(out_dir: Path, task: TrainTask,
                     opt: torch.optim.Optimizer | None = None) -> dict[str, Any] | None:
     """Loads the last complete checkpoint into ``task`` (and ``opt``); None if there is none.
@@ -141,13 +152,9 @@ def load_checkpoint(out_dir: Path, task: TrainTask,
     Raises:
         FileNotFoundError: the checkpoint lacks a module that is not optional.
     """
-    ckpt = out_dir / "checkpoint"
-    if not (ckpt / "state.json").exists():
-        old = out_dir / "checkpoint.old"
-        if (old / "state.json").exists():
-            ckpt = old
-        else:
-            return None
+    ckpt = last_checkpoint(out_dir)
+    if ckpt is None:
+        return None
     fresh = []
     for name, module in task.modules().items():
         path = ckpt / f"{name}.safetensors"
