@@ -115,10 +115,13 @@ def export_pipeline(task, dest: Path, step: int | None = None,
     return dest
 
 
-def _wrap(text: str, width: int = 26, lines: int = 3) -> tuple[str, ...]:
+def _wrap(text: str, width: int = 26, lines: int = 4) -> tuple[str, ...]:
+    """``text`` in at most ``lines`` lines of ``width`` characters, the last ending in " …"
+    when the caption goes on (so a cut caption is never read as a whole one)."""
     import textwrap
 
-    return tuple(textwrap.wrap(text, width)[:lines])
+    return tuple(textwrap.wrap(text, width, max_lines=lines, placeholder=" …",
+                               break_on_hyphens=False))
 
 
 def write_sample_grid(path: Path, kept: dict[str, tuple[list[str], np.ndarray]], *,

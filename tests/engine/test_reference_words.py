@@ -41,6 +41,25 @@ def test_pseudo_words_equal_to_word_rows_encode_as_those_words(runner):
     text = words.prompt("On grass, a small Object moves left past another object")
     assert text == "On grass, a small object object moves left past another object"
     assert words.prompt("a red star moves left") is None
+    # a placeholder word is what the tokenizer reads as one (NFKC, lower case, \w+ words,
+    # punctuation such as "_" split off); without a fast tokenizer, a whole word of the NFKC
+    # text not joined to \w or combining marks
+    fallback = ReferenceWords(words.weight, words.bias, words.placeholder,
+                              words.placeholder_id, words.words)
+    tokenizer = pipe.tokenizer
+    for joined, read in (("ｏｂｊｅｃｔ", True), ("OBJECT.", True), ("object_1", True),
+                         ("objects", False), ("object\u0301", False),
+                         ("e\u0301object", False), ("my-object2", False)):
+        prompt = f"a small {joined} moves left"
+        assert (pipe.tokenizer.convert_tokens_to_ids("object") in
+                tokenizer(prompt).input_ids) is read, joined
+        assert (words.prompt(prompt) is not None) is read, joined
+        assert (fallback.prompt(prompt) is not None) is (read and joined != "object_1"), joined
+    assert words.prompt("A small ｏｂｊｅｃｔ moves") == "A small object object moves"
+    assert words.prompt("an object\u0301 and an OBJECT_1.") == \
+        "an object\u0301 and an object object_1."
+    assert fallback.prompt("an object\u0301 and an OBJECT.") == \
+        "an object\u0301 and an object object."
     rows = word_rows(runner, ["red", "star"])
     with words.injected(pipe.text_encoder, rows) as placed:
         got = encode(pipe, text)

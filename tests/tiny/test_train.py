@@ -619,6 +619,10 @@ def test_denoiser_checkpoint_writes_its_eval_line_and_a_sample_grid(tmp_path, mo
     assert [(c["request"]["mode"], c["request"]["prompt"]) for c in cells] == \
         [(m, p) for m in ("t2i", "t2v") for p in prompts[m]]
     assert all(c["request"]["training_step"] == 7 for c in cells)
+    for c in cells:  # the label is the caption, whole or visibly cut
+        text = " ".join(c["label"][1:])
+        assert text == c["request"]["prompt"] or (
+            text.endswith(" …") and c["request"]["prompt"].startswith(text[:-2])), c
     assert drawn["t2i"][1].shape == (3, 64, 64, 3) and drawn["t2v"][1].shape[:2] == (3, 9)
     # the PNG is the sheet of exactly those pixels (clips as first | middle | last frames)
     from PIL import Image
@@ -633,6 +637,18 @@ def test_denoiser_checkpoint_writes_its_eval_line_and_a_sample_grid(tmp_path, mo
     assert got.shape[1] == expected.shape[1]
     # cell 0's picture area, top left of the sheet, matches the first t2i sample scaled
     assert np.array_equal(got[8:168, 8:168], expected[8:168, 8:168])
+
+
+def test_sample_grid_caption_is_cut_visibly():
+    from studio.tiny.sampling import _wrap
+
+    short = "a red circle on grass"
+    assert _wrap(short) == (short,)
+    long = "a clip of a large purple circle along the bottom edge that gets bigger on a " \
+        "dark night sky with many stars"
+    lines = _wrap(long)
+    assert len(lines) == 4 and all(len(line) <= 26 for line in lines)
+    assert lines[-1].endswith(" …") and long.startswith(" ".join(lines)[:-2])
 
 
 def test_vae_checkpoint_writes_a_reconstruction_grid(tmp_path):

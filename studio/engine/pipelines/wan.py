@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import unicodedata
 
 import numpy as np
 import torch
@@ -351,7 +352,7 @@ class ReferenceWords:
 
     A linear map turns the first ``words`` reference tokens (:func:`reference_tokens`) into
     ``words`` input word embeddings (the space of the text encoder's embedding table). In a
-    prompt, the first whole-word ``placeholder`` is replaced by ``words`` copies of it, and a
+    prompt, the first ``placeholder`` word (:meth:`prompt`) is replaced by ``words`` copies of it, and a
     forward hook on the text encoder's input embedding puts the pseudo-words in their place,
     so the encoder reads "a small <w0> <w1> slides to the left" in context, as it reads the
     object's own words. The technique is ELITE's global mapping (Wei et al., ICCV 2023: image
@@ -365,17 +366,36 @@ class ReferenceWords:
         placeholder: the prompt word the pseudo-words replace (lower case).
         placeholder_id: its single token id.
         words: pseudo-words per reference.
+
+    ``tokenizer`` (optional): the text encoder's tokenizer, whose normalizer and
+    pre-tokenizer decide what a placeholder word is in :meth:`prompt`.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, placeholder: str,
-                 placeholder_id: int, words: int):
+                 placeholder_id: int, words: int, tokenizer=None):
         if weight.ndim != 2 or bias.shape != (weight.shape[0],) or words < 1 or \
                 weight.shape[0] % words or weight.shape[1] % words:
             raise ValueError(f"reference word map: weight {tuple(weight.shape)} and bias "
                              f"{tuple(bias.shape)} do not make {words} words")
         self.weight, self.bias = weight.float(), bias.float()
         self.placeholder, self.placeholder_id, self.words = placeholder, placeholder_id, words
-        self._pattern = re.compile(rf"\b{re.escape(placeholder)}\b", re.IGNORECASE)
+        self._pattern = re.compile(rf"(?<!\w){re.escape(placeholder)}(?!\w)", re.IGNORECASE)
+        self._split, self._placeholder_word = None, placeholder
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None and backend.pre_tokenizer is not None:
+            from tokenizers import PreTokenizedString
+
+            def split(text: str) -> list[tuple[str, tuple[int, int]]]:
+                """(normalised word, (start, end) character span in ``text``) per word."""
+                words = PreTokenizedString(text)
+                if backend.normalizer is not None:
+                    words.normalize(backend.normalizer.normalize)
+                backend.pre_tokenizer.pre_tokenize(words)
+                return [(w, span) for w, span, _ in
+                        words.get_splits(offset_referential="original", offset_type="char")]
+
+            self._split = split
+            self._placeholder_word = "".join(w for w, _ in split(placeholder))
 
     @classmethod
     def load(cls, path, placeholder: str, tokenizer, text_encoder, token_dim: int,
@@ -418,7 +438,7 @@ class ReferenceWords:
                                  f"({words} x {dim}, {words} x {token_dim})")
             if not (torch.isfinite(weight).all() and torch.isfinite(bias).all()):
                 raise ValueError("it holds values that are not finite")
-            return cls(weight, bias, placeholder.lower(), int(ids[0]), words)
+            return cls(weight, bias, placeholder.lower(), int(ids[0]), words, tokenizer)
         except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as exc:
             raise ModelError(f"model {model_id}: cannot use the reference word map {path} "
                              f"({type(exc).__name__}: {str(exc)[:300]})") from exc
@@ -432,11 +452,29 @@ class ReferenceWords:
         return out.view(b, self.words, -1).to(tokens.dtype)
 
     def prompt(self, prompt: str) -> str | None:
-        """``prompt`` with its first whole-word placeholder repeated ``words`` times (the
-        slots the pseudo-words fill); None when the prompt has no placeholder."""
-        if not self._pattern.search(prompt):
+        """``prompt`` with its first placeholder word repeated ``words`` times (the slots
+        the pseudo-words fill); None when the prompt has no placeholder word.
+
+        A placeholder word is one the tokenizer reads as the placeholder: the prompt is
+        split by the tokenizer's own normalizer and pre-tokenizer when it has them (a fast
+        Hugging Face tokenizer; the rest of the prompt is kept as written), so the fullwidth
+        "ｏｂｊｅｃｔ" (NFKC) and the "object" of "object_1" count, while "objects", "object2"
+        and "object\u0301" do not. Without them: a case-insensitive whole word of the NFKC
+        text, not joined to letters, digits, ``_`` or combining marks."""
+        slots = " ".join([self.placeholder] * self.words)
+        if self._split is not None:
+            for word, (start, end) in self._split(prompt):
+                if word == self._placeholder_word:
+                    return prompt[:start] + slots + prompt[end:]
             return None
-        return self._pattern.sub(" ".join([self.placeholder] * self.words), prompt, count=1)
+        text = unicodedata.normalize("NFKC", prompt)
+        for hit in self._pattern.finditer(text):
+            before = text[hit.start() - 1] if hit.start() else " "
+            after = text[hit.end()] if hit.end() < len(text) else " "
+            if unicodedata.category(before)[0] == "M" or unicodedata.category(after)[0] == "M":
+                continue  # a combining mark joins it to a longer word
+            return text[:hit.start()] + slots + text[hit.end():]
+        return None
 
     @contextlib.contextmanager
     def injected(self, text_encoder: torch.nn.Module, embeds: torch.Tensor):
