@@ -33,6 +33,14 @@ def render_samples() -> int:
     return 0
 
 
+def _exists(text: str) -> bool:
+    """Whether ``text`` names an existing path (False for a ``~user`` of no user)."""
+    try:
+        return Path(text).expanduser().exists()
+    except RuntimeError:
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Dispatches to the CLI, the sample renderer or the studio window."""
     argv = sys.argv[1:] if argv is None else argv
@@ -45,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         return cli_main(argv)
     if argv and argv[0] == "--samples":
         return render_samples()
-    if argv and not Path(argv[0]).expanduser().exists():
+    if argv and not _exists(argv[0]):
         # a mistyped command or option must not become a new project folder
         word = argv[0]
         close = difflib.get_close_matches(word, (*CLI_COMMANDS, "--samples"), n=1, cutoff=0.6)

@@ -18,6 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from studio.paths import expand_path
+
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 
@@ -60,7 +62,11 @@ def check_output_path(out: str, inputs: list[str]) -> Path:
 def check_model_folders(folders: list[str]) -> None:
     """Raises BadInput naming the first ``--model-folder`` that is not a folder."""
     for folder in folders:
-        if not Path(folder).expanduser().is_dir():
+        try:
+            is_dir = expand_path(folder, "model-folder").is_dir()
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
+        if not is_dir:
             raise BadInput(f"model-folder={folder!r}: is not a folder")
 
 
@@ -192,12 +198,19 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
     base: dict[str, Any] = {}
     notes: list[str] = []
     if args.from_file:
-        if not Path(args.from_file).expanduser().is_file():
+        try:
+            is_file = expand_path(args.from_file, "from").is_file()
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
+        if not is_file:
             raise BadInput(f"from={args.from_file!r}: no such file (give an image or video "
                            f"that studio rendered)")
         try:
             recorded = read_metadata(args.from_file)["request"]
-            GenerationRequest.from_dict(recorded)  # a malformed request is refused here
+            # a malformed or hand-edited request (a field of the wrong type) is refused here
+            problems = GenerationRequest.from_dict(recorded).validate(None)
+            if problems:
+                raise ValueError("; ".join(problem_line(p) for p in problems[:3]))
         except ValueError as exc:
             raise BadInput(f"from: {args.from_file}: the embedded request is not usable "
                            f"({exc})") from None
@@ -219,10 +232,13 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
         suffix = Path(args.out).suffix.lower()
         frames = args.frames if args.frames is not None else base.get("num_frames")
         # .mp4 and .gif are taken as videos, .webp (a common still format) only with --frames
+        # (a frame count below 1 decides nothing: the request's check then names the video
+        # range for a video suffix)
+        counted = isinstance(frames, int) and frames >= 1
         video = suffix not in IMAGE_SUFFIXES and (
-            frames is not None and frames > 1 or frames is None and suffix in (".mp4", ".gif"))
+            counted and frames > 1 or not counted and suffix in (".mp4", ".gif"))
         mode = "t2v" if video else "t2i"
-        if video and frames is None:
+        if video and not counted:
             notes.append(f"mode: text-to-video for the {suffix} output (pass --mode t2i for "
                          f"a one-frame {suffix})")
     if args.model is not None and not args.model.strip():
@@ -416,6 +432,16 @@ def cmd_render(args) -> int:
     except ValueError as exc:
         inferred = "" if args.mode else f" (mode {request.mode})"
         raise BadInput(f"{exc}{inferred}") from None
+    original = None
+    if args.from_file:  # decoded before the job: a damaged file must not cost the render
+        from studio.store.export import read_frames, read_metadata
+
+        try:
+            original = (read_frames(args.from_file), read_metadata(args.from_file))
+        except Exception as exc:  # any decoder error (PIL, PyAV): only the comparison is lost
+            notes.append(f"from: cannot decode the frames of {args.from_file} "
+                         f"({type(exc).__name__}: {str(exc)[:120]}), so the new result is "
+                         f"not compared with it")
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     config = WorkerConfig(model_folders=tuple(args.model_folder), device=args.device)
@@ -432,11 +458,6 @@ def cmd_render(args) -> int:
     if isinstance(event, ev.Cancelled):
         print("cancelled", file=sys.stderr)
         return EXIT_INTERRUPTED
-    original = None
-    if args.from_file:
-        from studio.store.export import read_frames, read_metadata
-
-        original = (read_frames(args.from_file), read_metadata(args.from_file))
     path = write_result(out_path, event.frames, event.fps, event.request_json,
                         event.environment)
     f, h, w, _ = event.frames.shape

@@ -17,6 +17,21 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 ASSETS = REPO_ROOT / "assets"
 
 
+def expand_path(text: str | os.PathLike, field: str) -> Path:
+    """``text`` as a path with a leading ``~`` or ``~user`` expanded.
+
+    Raises:
+        ValueError: naming ``field``, when ``~user`` names no user of this machine (or the
+            home folder is unknown), where :meth:`pathlib.Path.expanduser` raises RuntimeError.
+    """
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        head = str(text).split(os.sep, 1)[0]
+        raise ValueError(f"{field}={str(text)!r}: {head!r} names no user of this machine (or "
+                         f"the home folder is unknown); give the full path") from None
+
+
 def user_dir() -> Path:
     """The studio's user folder (created on first use).
 
@@ -26,7 +41,7 @@ def user_dir() -> Path:
     """
     env = os.environ.get("STUDIO_HOME")
     if env:
-        path, source = Path(env).expanduser(), f"STUDIO_HOME={env!r}"
+        path, source = expand_path(env, "STUDIO_HOME"), f"STUDIO_HOME={env!r}"
     else:
         xdg = os.environ.get("XDG_DATA_HOME")
         base = xdg or os.path.join(Path.home(), ".local", "share")

@@ -177,7 +177,22 @@ def load_user_image(path: str | os.PathLike[str], field: str = "image", *,
         raise InputImageError(f"{field}: the file {name} does not exist") from None
     except OSError as exc:
         raise InputImageError(f"{field}: cannot read {name} ({exc.strerror})") from None
-    return decode_user_image(data, os.path.basename(name), field, mask=mask)
+    return decode_user_image(data, readable_name(os.path.basename(name)), field, mask=mask)
+
+
+def readable_name(name: str) -> str:
+    """``name`` as valid Unicode: the bytes of a file name that is not UTF-8 (carried by
+    Python as lone surrogates, ``surrogateescape``) become U+FFFD, so the name can be
+    recorded in a result's metadata and JSON ("caf\\udce9.png" -> "caf\ufffd.png")."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        try:
+            raw = name.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raw = name.encode("utf-8", "surrogatepass")
+        return raw.decode("utf-8", "replace")
 
 
 def decode_user_image(data: bytes, name: str, field: str = "image", *,

@@ -25,6 +25,16 @@ MAX_SEED = 2**63 - 1
 MAX_PROMPT_CHARS = 10_000
 
 
+def _is_unicode(text: str) -> bool:
+    """Whether ``text`` encodes to UTF-8 (no lone surrogates: the bytes of a non-UTF-8
+    terminal or file name that Python's ``surrogateescape`` carries through)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def canonical_json(value: Any) -> str:
     """Serialises ``value`` as canonical JSON: sorted keys, no spaces, UTF-8, no NaN/inf.
 
@@ -281,17 +291,22 @@ class GenerationRequest:
             bad("mode", f"must be one of {', '.join(MODES)}")
         if not isinstance(self.model, str) or not self.model:
             bad("model", "must name a model (see `studio models`)")
+        if not isinstance(self.model_hash, str):
+            bad("model_hash", "must be text (the model's content hash, or empty)")
         for name in ("prompt", "negative_prompt"):
             value = getattr(self, name)
             if not isinstance(value, str):
                 bad(name, "must be text")
             elif len(value) > MAX_PROMPT_CHARS:
                 bad(name, f"must be at most {MAX_PROMPT_CHARS} characters")
+            elif not _is_unicode(value):
+                bad(name, "must be valid Unicode text: it holds bytes that are not UTF-8 "
+                          "(from a terminal or file in another encoding); retype it")
         if isinstance(self.prompt, str) and not self.prompt.strip() and self.mode in ("t2i", "t2v"):
             bad("prompt", "must not be empty for text-to-image/video")
         check_int("seed", 0, MAX_SEED)
         max_steps = caps.max_steps if caps else 1000
-        check_int("steps", 1, max_steps)
+        steps_ok = check_int("steps", 1, max_steps)
         g_lo, g_hi = (caps.guidance_range if caps else (0.0, 100.0))
         check_float("guidance_scale", g_lo, g_hi)
         check_float("fps", 1.0, 120.0)
@@ -319,8 +334,7 @@ class GenerationRequest:
         if self.mode != "r2v" and self.references:
             bad("references", "are only used in mode r2v")
         if self.mode == "i2i" and check_float("strength", 0.0, 1.0):
-            if isinstance(self.steps, int) and self.steps >= 1 and \
-                    int(self.steps * self.strength) < 1:
+            if steps_ok and int(self.steps * self.strength) < 1:
                 least_steps = math.ceil(1 / self.strength) if self.strength > 0 else None
                 bad("strength", f"steps x strength must run at least one step: at {self.steps} "
                                 f"steps strength must be >= {1 / self.steps:.3g}"

@@ -139,7 +139,7 @@ def resolve_device(spec: str) -> torch.device:
         return torch.device("cpu")
     if spec == "cuda" or spec.startswith("cuda:"):
         index = spec.partition(":")[2]
-        if index and not index.isdigit():
+        if index and not (index.isascii() and index.isdigit()):
             raise ValueError(f"device={spec!r}: must be auto, cpu, cuda or cuda:N")
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, PngImagePlugin
 
-from studio.paths import atomic_write
+from studio.paths import atomic_write, expand_path
 
 IMAGE_SUFFIXES = (".png",)
 VIDEO_SUFFIXES = (".mp4", ".gif", ".webp")
@@ -74,7 +74,7 @@ def check_output_path(out: str | Path, inputs: Sequence[str | Path | None] = ())
 
     if not str(out).strip():
         raise ValueError("out='': give a file name such as result.png")
-    path = Path(out).expanduser()
+    path = expand_path(out, "out")
     too_long = [part for part in path.parts if len(os.fsencode(part)) > 255]
     if too_long:
         raise ValueError(f"out={str(out)[:60]!r}...: a file or folder name is "
@@ -94,7 +94,11 @@ def check_output_path(out: str | Path, inputs: Sequence[str | Path | None] = ())
                          f"name or make it writable")
     resolved = path.resolve()
     for given in inputs:
-        if given and Path(given).expanduser().resolve() == resolved:
+        try:
+            same = bool(given) and expand_path(given, "input").resolve() == resolved
+        except ValueError:  # a ~user of no user is not the output; its own check names it
+            same = False
+        if same:
             raise ValueError(f"out={str(out)!r}: is also an input file; choose another name")
     # the nearest folder that exists must be writable; missing folders below it are made
     # only when the result is written (a refused request leaves nothing behind)

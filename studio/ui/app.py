@@ -15,6 +15,8 @@ import logging
 import sys
 from pathlib import Path
 
+from studio.paths import expand_path
+
 DEFAULT_PROJECT = Path.home() / "DiffusionStudio" / "Untitled"
 
 
@@ -210,7 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     app.setApplicationName("Diffusion Studio")
     app.setQuitOnLastWindowClosed(False)  # the coroutine below decides when to stop
     settings = AppSettings(QSettings())
-    folder = Path(args.project or settings.last_project or DEFAULT_PROJECT).expanduser()
+    try:
+        folder = expand_path(args.project or settings.last_project or DEFAULT_PROJECT,
+                             "project")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     # Python runs signal handlers only between bytecodes; while Qt waits in C++ a Ctrl+C would
     # wait for the next event. An idle tick lets the Runner's handler cancel the session, which
     # then closes the engine and the project in order.

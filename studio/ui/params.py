@@ -419,7 +419,7 @@ class ParamsPanel(QWidget):
     def seed(self) -> int:
         """The seed field as a number (-1 when it is not a whole number)."""
         text = self.seed_edit.text().strip()
-        return int(text) if text.isdigit() else -1
+        return int(text) if text.isascii() and text.isdigit() else -1
 
     def set_seed(self, seed: int, lock: bool | None = None) -> None:
         """Shows ``seed``; optionally locks or unlocks it."""
@@ -523,10 +523,10 @@ class ParamsPanel(QWidget):
         if not self.seed_lock.isChecked():  # Generate draws a new seed: the text is moot
             return [p for p in problems if p.field != "seed"]
         text = self.seed_edit.text().strip()
-        if not text.isdigit():  # say what is wrong with the text, not the -1 it became
+        if not (text.isascii() and text.isdigit()):  # what is wrong with it, not its -1
             if not text:
                 why = "is empty: type a whole number, or press Random"
-            elif text.lstrip("+-").isdigit():
+            elif text.isascii() and text.lstrip("+-").isdigit():
                 why = "must be in [0, 9223372036854775807]"
             else:
                 why = "is not a whole number (0 to 9223372036854775807)"

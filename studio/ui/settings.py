@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 
 from studio.engine.api import ParallelConfig, available_plans, visible_gpus
 from studio.engine.worker import WorkerConfig
+from studio.paths import expand_path
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -141,7 +142,11 @@ class AppSettings:
             problems.append(f"memory budget {raw!r} is not a number of GiB >= 0; using "
                             f"automatic")
         for folder in self.model_folders:
-            if not Path(folder).expanduser().is_dir():
+            try:
+                is_dir = expand_path(folder, "model folder").is_dir()
+            except ValueError:
+                is_dir = False
+            if not is_dir:
                 problems.append(f"model folder {folder} does not exist (Settings → Model "
                                 f"folders)")
         return problems

@@ -61,9 +61,15 @@ ShotIdRole = Qt.ItemDataRole.UserRole + 3
 
 
 class TimelineModel(RowsTableModel):
-    """The shots of a document, in order (see the module docstring)."""
+    """The shots of a document, in order (see the module docstring).
+
+    Signals:
+        editRefused(str): an edit typed in the table was not applied, and why (the field
+            and its allowed range); the value shown stays the shot's own.
+    """
 
     columns = COLUMNS
+    editRefused = Signal(str)
 
     def __init__(self, document: Document, media: MediaCache | None = None,
                  parent: QObject | None = None) -> None:
@@ -223,7 +229,9 @@ class TimelineModel(RowsTableModel):
                 self._doc.history.push(SetShotDuration(sid, float(value)))
             else:
                 return False
-        except ValueError:
+        except ValueError as exc:
+            what = COLUMNS[index.column()].lower()
+            self.editRefused.emit(f"Shot {index.row() + 1}: {what} not changed: {exc}")
             return False
         return True
 
@@ -287,6 +295,7 @@ class TimelinePanel(QWidget):
         self._bg = background
         self._media = media
         self._loading = False
+        model.editRefused.connect(lambda text: self.message.emit(text, True))
         self.view = QTreeView()
         self.view.setModel(model)
         self.view.setRootIsDecorated(False)

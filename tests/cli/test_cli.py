@@ -508,3 +508,86 @@ def test_inputs_of_two_modes_name_those_two_modes(tmp_path, capsys):
     assert code == 2 and err.strip() == ("error: mode: --init-image and --reference belong to "
                                          "different modes (i2i, r2v); pass --mode to choose one")
     assert not (tmp_path / "o.png").exists()
+
+
+def test_review_inputs_that_escaped_as_internal_errors(tmp_path, capsys):
+    """Inputs a review found escaping as "internal error" (exit 1): each is bad input now,
+    one line naming the field, found before any model work."""
+    out = tmp_path / "x.png"
+    palette = CASES / "002-init-image-modes" / "palette.png"
+    for args, words in (
+        # a prompt with bytes that are not UTF-8 (a terminal in another encoding)
+        (["--prompt", "caf\udce9 circle"], "prompt"),
+        # a step count too large for a float, with a strength (i2i multiplies them)
+        (["--prompt", "x", "--init-image", palette, "--steps", "1" + "0" * 400,
+          "--strength", "0.5"], "steps (--steps)="),
+        # --frames 0 for a video name: the video range, not the image one
+        (["--prompt", "x", "--frames", "0", "--out-mp4"], "num_frames (--frames)=0: must be "
+                                                          "in ["),
+        # ~user of no user
+        (["--prompt", "x", "--out-tilde"], "names no user"),
+    ):
+        target = out
+        if "--out-mp4" in args:
+            args, target = [a for a in args if a != "--out-mp4"], tmp_path / "x.mp4"
+        if "--out-tilde" in args:
+            args, target = [a for a in args if a != "--out-tilde"], "~no_such_user_9z/a.png"
+        code, _, err = studio_inproc(capsys, "render", *args, "--out", target)
+        assert code == 2 and words in err and "internal error" not in err, (args, err)
+        assert "[1, 10000]" not in err  # a video name is checked as a video
+        assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    assert not list(tmp_path.iterdir())
+    code, _, err = studio_inproc(capsys, "render", "--from", "~no_such_user_9z/a.png",
+                                 "--out", out)
+    assert code == 2 and "from=" in err and "names no user" in err
+
+
+def test_a_hand_edited_request_of_wrong_types_is_refused(tmp_path, capsys):
+    from PIL import PngImagePlugin
+
+    for fields, name in (({"num_frames": "nine"}, "num_frames"), ({"model_hash": 5},
+                                                                  "model_hash")):
+        bad = tmp_path / "edited.png"
+        info = PngImagePlugin.PngInfo()
+        from studio.core.request import GenerationRequest
+
+        request = {**GenerationRequest(mode="t2i", model="embedded", prompt="a red circle",
+                                       seed=1, steps=2, guidance_scale=5.0, width=64,
+                                       height=64).to_dict(), **fields}
+        info.add_itxt("studio:request", json.dumps(request))
+        Image.new("RGB", (8, 8)).save(bad, pnginfo=info)
+        code, _, err = studio_inproc(capsys, "render", "--from", bad, "--out",
+                                     tmp_path / "o.png")
+        assert code == 2 and "not usable" in err and name in err, err
+        assert "internal error" not in err and not (tmp_path / "o.png").exists()
+
+
+def test_a_non_utf8_file_name_and_a_damaged_from_file_keep_the_render(tmp_path, capsys):
+    import os
+
+    # an input file whose name is not UTF-8: its name is recorded readable, the PNG written
+    raw = os.fsencode(str(tmp_path)) + b"/caf\xe9.png"
+    with open(raw, "wb") as fh:
+        fh.write((CASES / "002-init-image-modes" / "palette.png").read_bytes())
+    png = tmp_path / "a.png"
+    code, _, err = studio_inproc(capsys, "render", "--init-image", os.fsdecode(raw),
+                                 "--prompt", "x", "--steps", "2", "--out", png)
+    assert code == 0, err
+    assert read_metadata(png)["request"]["init_image"]["source"] == "caf\ufffd.png"
+    # a --from GIF whose frames are cut off after its header: the new render is written,
+    # and the note says it was not compared
+    gif = tmp_path / "clip.gif"
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "a red circle moves left",
+                                 "--steps", "1", "--out", gif)
+    assert code == 0, err
+    damaged = tmp_path / "damaged.gif"
+    data = gif.read_bytes()
+    damaged.write_bytes(data[:len(data) * 2 // 3])
+    assert read_metadata(damaged)["request"]["prompt"] == "a red circle moves left"
+    with pytest.raises(Exception):  # noqa: B017 (whichever error the decoder raises)
+        read_frames(damaged)
+    again = tmp_path / "again.gif"
+    code, out, err = studio_inproc(capsys, "render", "--from", damaged, "--out", again)
+    assert code == 0, err
+    assert again.exists() and "wrote" in out
+    assert f"note: from: cannot decode the frames of {damaged}" in err

@@ -181,3 +181,11 @@ def test_special_files_and_huge_files_are_refused_before_reading(tmp_path, monke
     monkeypatch.setattr(media, "MAX_IMAGE_FILE_BYTES", 1024)
     with pytest.raises(InputImageError, match="image files up to 0 MiB are read"):
         load_user_image(big, "mask")
+
+
+def test_a_file_name_that_is_not_utf8_is_recorded_readable():
+    from studio.core.media import readable_name
+
+    assert readable_name("café.png") == "café.png"
+    assert readable_name("caf\udce9.png") == "caf\ufffd.png"  # byte 0xE9 of a Latin-1 name
+    assert readable_name("a\ud800b").encode("utf-8")  # any lone surrogate: encodable after

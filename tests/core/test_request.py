@@ -45,6 +45,8 @@ def test_valid_request_has_no_problems():
     ("fps", 0.5, False), ("fps", 1.0, True), ("fps", 120.0, True), ("fps", 121.0, False),
     ("prompt", "", False), ("prompt", "x" * 10_001, False), ("prompt", 5, False),
     ("negative_prompt", "x" * 10_000, True), ("model", "", False), ("mode", "x2y", False),
+    ("prompt", "caf\udce9", False), ("negative_prompt", "caf\udce9", False),
+    ("prompt", "café ☕ ｏｂｊｅｃｔ", True), ("model_hash", 5, False), ("model_hash", "", True),
 ])
 def test_field_boundaries(field, value, ok):
     problems = req(**{field: value}).validate(CAPS)
@@ -154,3 +156,9 @@ def test_bad_json_names_the_field(text, field):
 
 def test_nearest_frames():
     assert [CAPS.nearest_frames(n) for n in (1, 5, 7, 9, 100)] == [5, 5, 9, 9, 33]
+
+
+def test_a_huge_step_count_with_a_strength_is_a_problem_not_an_overflow():
+    image = MediaRef("0" * 32, "in.png")
+    problems = req(mode="i2i", init_image=image, strength=0.5, steps=10**400).validate(CAPS)
+    assert fields_of(problems) == ["steps"]

@@ -104,6 +104,10 @@ def test_invalid_settings_are_flagged_next_to_the_field(tmp_path, loop, make_win
     assert p.error_text("seed") == "is not a whole number (0 to 9223372036854775807)"
     p.seed_edit.setText("-5")
     assert p.error_text("seed") == "must be in [0, 9223372036854775807]"
+    for digits in ("²", "١٢"):  # Unicode digits that int() refuses or reads: not a seed
+        p.seed_edit.setText(digits)
+        assert p.error_text("seed") == "is not a whole number (0 to 9223372036854775807)"
+        assert p.seed() == -1 and not p.generate_button.isEnabled()
     p.seed_edit.setText("")
     assert "is empty" in p.error_text("seed") and not p.generate_button.isEnabled()
     p.seed_edit.setText("42")

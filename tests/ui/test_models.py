@@ -104,6 +104,17 @@ def test_models_follow_every_change_and_pass_the_model_tester(qapp, model_failur
     doc.history.push(TrimShot(shots[1], 1, 3))
     doc.history.push(SetShotDuration(shots[0], 3.0))
     check()
+    # an edit typed in the table that the document refuses is said, and changes nothing
+    refused: list[str] = []
+    timeline.editRefused.connect(refused.append)
+    rows = [timeline.shot_id(r) for r in range(timeline.rowCount())]
+    depth = doc.history.index
+    assert not timeline.setData(timeline.index(rows.index(shots[0]), 4), 0.0)
+    assert not timeline.setData(timeline.index(rows.index(shots[1]), 3), 1)
+    assert len(refused) == 2 and refused[0].startswith(f"Shot {rows.index(shots[0]) + 1}: ")
+    assert "duration_s" in refused[0] and "out_frame: must be > in_frame (1)" in refused[1]
+    assert doc.shot(shots[0]).duration_s == 3.0 and doc.shot(shots[1]).out_frame == 3
+    assert doc.history.index == depth
     # a drop on the timeline moves the shot (and is an undo step)
     mime = timeline.mimeData([timeline.index(0, 0)])
     assert mime.hasFormat(SHOT_MIME)
