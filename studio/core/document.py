@@ -565,6 +565,8 @@ class Document:
         Raises:
             UnknownIdError: no such variant.
             ValueError: bad artifacts, or the variant is not pending (names ``status``).
+            whatever a listener raises (e.g. the project's save): the variant is then left
+                as it was, pending.
         """
         arts = tuple(artifacts)
         if not all(isinstance(a, Artifact) for a in arts):
@@ -572,9 +574,22 @@ class Document:
         v = self.variant(variant_id)
         if v.status not in PENDING:
             raise ValueError(f"status: {variant_id} is {v.status}, cannot finish")
-        with self.batch():
-            self._variants[variant_id] = replace(v, artifacts=arts)
-            self.set_status(variant_id, Status.DONE)
+        queue = list(self._queue)
+        try:
+            with self.batch():
+                self._variants[variant_id] = replace(v, artifacts=arts)
+                self.set_status(variant_id, Status.DONE)
+        except Exception:
+            # a listener failed (the project could not save it, e.g. the disk is full, and
+            # the media rows of ``arts`` were rolled back with it): the result is not
+            # recorded, the variant stays pending, and listeners hear the change back
+            self._variants[variant_id], self._queue = v, queue
+            try:
+                self._emit(VARIANTS_CHANGED, (variant_id,))
+                self._emit(QUEUE_CHANGED)
+            except Exception:
+                log.exception("document listener failed again on %s", variant_id)
+            raise
 
     def fail(self, variant_id: str, message: str) -> None:
         """Marks a pending variant failed with a message a person can read."""

@@ -251,12 +251,17 @@ class UndoStack:
 
     @contextmanager
     def group(self, label: str = "") -> Iterator[None]:
-        """``with history.group("Drag"):`` begin/end_group around a block (ended on error too)."""
-        self.begin_group(label)
-        try:
-            yield
-        finally:
-            self.end_group()
+        """``with history.group("Drag"):`` begin/end_group around a block (ended on error too).
+
+        The block's changes reach the document's listeners as one notification
+        (:meth:`Document.batch`), so a project saves the whole step in one transaction: a
+        crash keeps all of it or none."""
+        with self._doc.batch():
+            self.begin_group(label)
+            try:
+                yield
+            finally:
+                self.end_group()
 
     def clear(self) -> None:
         """Forgets every step (the document is unchanged); the current state becomes clean.

@@ -34,6 +34,7 @@ import os
 import re
 import sqlite3
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
@@ -153,6 +154,10 @@ class MediaStore:
         self._conn = conn
         self._transaction = transaction
         self.root.mkdir(parents=True, exist_ok=True)
+        # staged and not yet committed (or released): garbage collection keeps these ids, so
+        # a result being saved is never taken for an unreferenced medium of the same bytes
+        self._staged: dict[str, int] = {}
+        self._staged_lock = threading.Lock()
 
     # -- writing ----------------------------------------------------------------------------
     def put_image(self, pixels: np.ndarray) -> str:
@@ -210,7 +215,9 @@ class MediaStore:
         """
         path = self._path(staged.media_id, staged.ext)
         if not path.exists():
+            self.release(staged)
             raise OSError(f"media: the staged file {path} is missing")
+        self.release(staged)  # from here the row (or the caller's rollback) decides its fate
         with self._transaction():
             self._conn.execute(
                 "INSERT INTO media (id, kind, ext, pixels_id, meta_json, created_at)"
@@ -225,6 +232,21 @@ class MediaStore:
                 ),
             )
         return staged.media_id
+
+    def release(self, staged: StagedMedia) -> None:
+        """Gives a staged file up without recording it: garbage collection may then take it
+        (after its orphan grace) like any file without a row. :meth:`commit` releases too."""
+        with self._staged_lock:
+            left = self._staged.get(staged.media_id, 0) - 1
+            if left > 0:
+                self._staged[staged.media_id] = left
+            else:
+                self._staged.pop(staged.media_id, None)
+
+    def staged_ids(self) -> frozenset[str]:
+        """The ids staged and not yet committed or released (any thread)."""
+        with self._staged_lock:
+            return frozenset(self._staged)
 
     def _stage(
         self,
@@ -246,14 +268,21 @@ class MediaStore:
                 os.fsync(raw.fileno())
             media_id = writer.hexdigest()
             final = self._path(media_id, ext)
-            new_dir = not final.parent.exists()
             final.parent.mkdir(exist_ok=True)
             # incoming/ and the fan-out folders are both inside media/: one file system, so
             # the rename is atomic. Replacing an existing file rewrites identical bytes.
-            os.replace(tmp, final)
+            with self._staged_lock:  # kept from collection before the file is in place
+                self._staged[media_id] = self._staged.get(media_id, 0) + 1
+            try:
+                os.replace(tmp, final)
+            except BaseException:
+                self.release(StagedMedia(media_id, kind, ext, "", {}))
+                raise
             _fsync_dir(final.parent)
-            if new_dir:
-                _fsync_dir(self.root)
+            # media/ too, every time: two stagings may share a new fan-out folder, and the
+            # one that did not create it must not see its row committed before the folder's
+            # entry is durable
+            _fsync_dir(self.root)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -369,7 +398,7 @@ class MediaStore:
             sqlite3.IntegrityError: a medium outside ``keep`` is still an artifact of a variant
                 (nothing is deleted).
         """
-        keep = set(keep)
+        keep = set(keep) | self.staged_ids()
         with self._transaction():
             rows = self._conn.execute("SELECT id, ext, pixels_id FROM media").fetchall()
             doomed = [(i, e) for i, e, p in rows if i not in keep and p not in keep]
@@ -378,11 +407,15 @@ class MediaStore:
         if doomed:
             trash.mkdir(exist_ok=True)
         for media_id, ext in doomed:
-            try:
-                os.replace(self._path(media_id, ext), trash / f"{media_id}.{ext}")
-            except FileNotFoundError:
-                pass
-        known = frozenset(i for i, _, _ in rows) - {i for i, _ in doomed}
+            with self._staged_lock:  # staged since the rows were read: its commit brings the
+                if media_id in self._staged:  # row back, so the file stays
+                    continue
+                try:
+                    os.replace(self._path(media_id, ext), trash / f"{media_id}.{ext}")
+                except FileNotFoundError:
+                    pass
+        # staged files are not orphans either, however old (a save waiting on a slow thread)
+        known = frozenset(i for i, _, _ in rows) - {i for i, _ in doomed} | self.staged_ids()
         return GarbagePlan(self.root, tuple(i for i, _ in doomed), known, time.time())
 
     @staticmethod
@@ -428,7 +461,8 @@ class GarbagePlan:
     Attributes:
         root: the ``media/`` folder.
         doomed: ids whose rows were deleted (their files wait in ``media/trash/``).
-        known: ids that still have rows (their files are never orphans).
+        known: ids that still have rows, or are staged and not yet committed (their files
+            are never orphans).
         marked_at: when the mark ran (``time.time()``); orphan ages are counted to it.
     """
 

@@ -66,6 +66,11 @@ BUSY_TIMEOUT_MS = 5000
 INTERRUPTED_MESSAGE = "The studio stopped while this was generating. Retry to run it again."
 
 
+# the document changes a project writes (history and selection events are not saved)
+_SAVED_KINDS = frozenset({VARIANTS_ADDED, VARIANTS_CHANGED, VARIANTS_REMOVED, SHOTS_ADDED,
+                          SHOTS_CHANGED, SHOTS_REMOVED, SHOTS_MOVED, QUEUE_CHANGED})
+
+
 class ProjectError(Exception):
     """A project cannot be opened or used; the message says why in plain words."""
 
@@ -158,6 +163,11 @@ class Project:
         self._conn = conn
         self._lock = lock
         self._depth = 0
+        # document changes not in the file yet: a save that failed (disk full, I/O error) is
+        # tried again, whole, with the next change (and at close), so the file catches up with
+        # what the user sees instead of silently missing an edit
+        self._unsaved: list[ChangeEvent] = []
+        self._unsaved_written = False
         self.media = MediaStore(folder / MEDIA_DIR, conn, self.transaction)
         self.recovered: list[str] = []
         self.document = Document()
@@ -238,6 +248,12 @@ class Project:
         if self._conn is None:
             return
         self._unsubscribe()
+        if self._unsaved:
+            try:
+                self.save_pending()
+            except Exception:
+                log.exception("project %s: %d change(s) could not be saved at close",
+                              self.folder, len(self._unsaved))
         try:
             self._conn.execute("PRAGMA optimize")
         except sqlite3.Error:
@@ -277,9 +293,13 @@ class Project:
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
+                self._unsaved_written = False
                 raise
             finally:
                 self._depth = 0
+            if self._unsaved_written:  # every pending change is in the file now
+                self._unsaved.clear()
+                self._unsaved_written = False
         else:
             name = f"sp{self._depth}"
             conn.execute(f"SAVEPOINT {name}")
@@ -400,11 +420,30 @@ class Project:
         return doc
 
     # -- saving document changes ------------------------------------------------------------
+    @property
+    def unsaved_changes(self) -> int:
+        """How many document changes are not in the file yet (0 after every good save)."""
+        return len(self._unsaved)
+
+    def save_pending(self) -> None:
+        """Saves the changes a failed save left behind (nothing when there are none).
+
+        Raises:
+            sqlite3.Error: the save failed again (the changes stay pending).
+        """
+        if self._unsaved:
+            self._apply(())
+
     def _apply(self, events: Sequence[ChangeEvent]) -> None:
+        """Saves the changes ``events`` name, after any a failed save left pending (each
+        save writes an entity's current state, so saving one again is harmless); one
+        transaction, and on failure all of them stay pending for the next save."""
         doc = self.document
+        self._unsaved.extend(e for e in events if e.kind in _SAVED_KINDS)
+        self._unsaved_written = False
         with self.transaction():
             timeline = queue = False
-            for event in events:
+            for event in list(self._unsaved):
                 if event.kind in (VARIANTS_ADDED, VARIANTS_CHANGED, VARIANTS_REMOVED):
                     for vid in event.ids:
                         self._save_variant(vid)
@@ -425,6 +464,7 @@ class Project:
                     "INSERT INTO queue (variant_id, position) VALUES (?, ?)",
                     [(vid, i) for i, vid in enumerate(doc.queue())],
                 )
+            self._unsaved_written = True
 
     def _save_variant(self, variant_id: str) -> None:
         conn = self.connection

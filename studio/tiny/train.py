@@ -244,6 +244,7 @@ def restore_run(out: Path, dest: Path | None,
             ``dest``'s VAE has another compression and ``committed/dit`` holds no snapshot;
             or ``committed/vae`` lacks ``checkpoint/vae.safetensors``.
     """
+    import os
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -263,18 +264,34 @@ def restore_run(out: Path, dest: Path | None,
         dst.mkdir(parents=True, exist_ok=True)
         for log in ("train_log.jsonl", "eval_log.jsonl", ARCHITECTURE_FILE):
             if (src / log).exists() and not (dst / log).exists():
-                shutil.copy2(src / log, dst / log)
+                shutil.copy2(src / log, dst / f".{log}.restoring")  # whole or not at all
+                os.replace(dst / f".{log}.restoring", dst / log)
+
+    def _staging(final: Path) -> Path:
+        """An empty folder beside ``final`` to fill; :func:`_land` renames it into place, so
+        a restore killed part way leaves no half-written checkpoint that looks complete."""
+        tmp = final.with_name(final.name + ".restoring")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        return tmp
+
+    def _land(tmp: Path, final: Path) -> None:
+        if final.exists():  # without its marker file: what an older, cut-off restore left
+            shutil.rmtree(final)
+        os.replace(tmp, final)
 
     if (committed / RECIPE_LOG).exists() and not (out / RECIPE_LOG).exists():
         out.mkdir(parents=True, exist_ok=True)  # a recipe run's sittings so far
-        shutil.copy2(committed / RECIPE_LOG, out / RECIPE_LOG)
+        shutil.copy2(committed / RECIPE_LOG, out / f".{RECIPE_LOG}.restoring")
+        os.replace(out / f".{RECIPE_LOG}.restoring", out / RECIPE_LOG)
     vae_dir = out / "vae"  # the VAE as trained jointly: its encoder defines the latent space
     if (vae_dir / "checkpoint" / "vae.safetensors").exists():
         done["vae"] = "kept"
     else:
         _copy_logs(committed / "vae", vae_dir)
-        shutil.copytree(committed / "vae" / "checkpoint", vae_dir / "checkpoint",
-                        dirs_exist_ok=True)
+        tmp = _staging(vae_dir / "checkpoint")
+        shutil.copytree(committed / "vae" / "checkpoint", tmp, dirs_exist_ok=True)
+        _land(tmp, vae_dir / "checkpoint")
         done["vae"] = f"restored from {committed / 'vae'}"
     dec = out / "decoder"  # the decoder export and sampling use: the shipped VAE's
     decoder_snapshot = committed / "decoder-w16" / "checkpoint" / "decoder.safetensors"
@@ -290,12 +307,13 @@ def restore_run(out: Path, dest: Path | None,
         merged = {k: v.contiguous() for k, v in encoder.items() if not k.startswith(DECODER_KEYS)}
         merged.update({k: v.float().contiguous() for k, v in load_file(str(source)).items()
                        if k.startswith(DECODER_KEYS)})
-        (dec / "checkpoint").mkdir(parents=True, exist_ok=True)
-        save_file(merged, str(dec / "checkpoint" / "vae.safetensors"))
+        tmp = _staging(dec / "checkpoint")
+        save_file(merged, str(tmp / "vae.safetensors"))
         state = committed / "decoder-w16" / "checkpoint" / "state.json"
-        (dec / "checkpoint").joinpath("state.json").write_text(
+        (tmp / "state.json").write_text(
             state.read_text() if state.exists() else json.dumps({"step": 0, "elapsed_s": 0.0,
                                                                  "seed": 0}))
+        _land(tmp, dec / "checkpoint")
         done["decoder"] = ("restored from " + str(source.parent if source == decoder_snapshot
                                                   else dest / "vae"))
     dit = out / "dit"  # the denoiser and text encoder: live = EMA
@@ -330,14 +348,15 @@ def restore_run(out: Path, dest: Path | None,
             row = json.loads(line)
             if row.get("step", step + 1) <= step and "elapsed_s" in row:
                 elapsed = max(elapsed, float(row["elapsed_s"]))
-    (dit / "checkpoint").mkdir(parents=True, exist_ok=True)
+    tmp = _staging(dit / "checkpoint")
     for part, source in (sources | heads).items():
         weights = {k: v.float().contiguous() for k, v in load_file(str(source)).items()}
-        save_file(weights, str(dit / "checkpoint" / f"{part}.safetensors"))
+        save_file(weights, str(tmp / f"{part}.safetensors"))
         if part not in heads:  # the heads have no EMA copy
-            save_file(weights, str(dit / "checkpoint" / f"ema_{part}.safetensors"))
-    (dit / "checkpoint" / "state.json").write_text(
+            save_file(weights, str(tmp / f"ema_{part}.safetensors"))
+    (tmp / "state.json").write_text(
         json.dumps({"step": step, "elapsed_s": elapsed, "seed": 0}, indent=1))
+    _land(tmp, dit / "checkpoint")
     with open(log, "a") as fh:  # marks where the restored run picks up
         fh.write(json.dumps({"step": step, "elapsed_s": elapsed, "restored_from": origin})
                  + "\n")

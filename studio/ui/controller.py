@@ -472,11 +472,15 @@ class StudioController(QObject):
             self._end(vid)
             doc = self.document
             if not doc.has_variant(vid) or doc.variant(vid).status not in PENDING:
-                return  # deleted or undone meanwhile: the file is an orphan for the collector
+                media.release(staged)  # deleted or undone meanwhile: an orphan for the collector
+                return
+            # the media row first (its own transaction), then the variant: a finish whose
+            # save fails leaves the variant pending in memory too (Document.finish), so
+            # nothing on screen names a medium the file does not have; a row left without
+            # its variant is collected as garbage
             try:
-                with self.project.transaction():
-                    media_id = media.commit(staged)
-                    doc.finish(vid, [Artifact(media_id, kind)])
+                media_id = media.commit(staged)
+                doc.finish(vid, [Artifact(media_id, kind)])
             except Exception as exc:
                 log.exception("saving the result of %s failed", vid)
                 self._save_failed(vid, exc)

@@ -236,6 +236,12 @@ def test_a_failed_write_is_rolled_back_and_raised(project: Project) -> None:
         doc.finish(vid, [Artifact("0" * 32, "image")])
     assert project._load().variant(vid).status is Status.QUEUED
     assert project.integrity_check() == "ok"
+    # the memory agrees (the result is not on screen either), nothing is left pending to
+    # poison later saves, and the variant can still fail or finish
+    assert doc.variant(vid).status is Status.QUEUED and doc.variant(vid).artifacts == ()
+    assert vid in doc.queue() and project.unsaved_changes == 0
+    doc.fail(vid, "the result could not be saved")
+    assert project._load().variant(vid).status is Status.FAILED
 
 
 # -- crash -----------------------------------------------------------------------------------
@@ -509,3 +515,79 @@ def test_a_damaged_database_is_a_clear_project_error(tmp_path):
         Project.open(folder)
     (folder / "project.sqlite").unlink()
     Project.create(folder).close()  # the lock was released
+
+
+def test_a_staged_result_is_kept_from_collection_until_committed(project: Project) -> None:
+    """A result is written on a worker thread and recorded later on the project's thread; a
+    collection in between must not take it for an unreferenced medium of the same bytes."""
+    doc, media = project.document, project.media
+    old = media.put_image(image(5))  # the same pixels, left unreferenced (a deleted variant)
+    staged = media.stage_image(image(5))
+    assert staged.media_id == old and media.staged_ids() == {old}
+    assert project.collect_garbage(orphan_grace_s=0) == []
+    vid = add(doc, "again")
+    doc.set_status(vid, "running")
+    with project.transaction():
+        doc.finish(vid, [Artifact(media.commit(staged), "image")])
+    assert media.staged_ids() == set()
+    np.testing.assert_array_equal(media.get_image(old), image(5))
+    # a staged file given up (its variant deleted meanwhile) is collectable again
+    lost = media.stage_image(image(6))
+    assert project.collect_garbage(orphan_grace_s=0) == []
+    media.release(lost)
+    assert project.collect_garbage(orphan_grace_s=0) == [lost.media_id]
+    assert not media.root.joinpath(lost.media_id[:2], f"{lost.media_id}.png").exists()
+
+
+def test_an_undo_group_is_saved_in_one_transaction(project: Project, monkeypatch) -> None:
+    """"Generate 3" is one undo step: a failed save of its third variant keeps none of the
+    three in the file (before, the first two were committed one by one)."""
+    doc = project.document
+    real = project._save_variant
+    calls: list[str] = []
+
+    def flaky(variant_id: str) -> None:
+        calls.append(variant_id)
+        if len(calls) == 3:
+            raise sqlite3.OperationalError("disk I/O error")
+        real(variant_id)
+
+    monkeypatch.setattr(project, "_save_variant", flaky)
+    with pytest.raises(sqlite3.OperationalError), doc.history.group("Generate 3"):
+        for name in ("a", "b", "c"):
+            doc.history.push(AddVariant(req(name), "rid-" + name, name=name))
+    assert len(calls) == 3
+    assert len(project._load()) == 0  # all or none: none
+    # the three stay on screen (and in the undo history), pending: the next good save
+    # writes them with its own change, so the file catches up with what the user sees
+    assert len(doc) == 3 and project.unsaved_changes > 0
+    monkeypatch.undo()
+    with doc.history.group("Generate 2"):
+        add(doc, "d")
+        add(doc, "e")
+    assert project.unsaved_changes == 0
+    assert state(project._load()) == state(doc)
+    assert sorted(v.name for v in project._load().variants()) == ["a", "b", "c", "d", "e"]
+
+
+def test_a_failed_save_is_retried_and_saved_at_close(project: Project, monkeypatch) -> None:
+    """An edit whose save failed (a full disk) is not lost by the next edits or by closing:
+    the file gets it with the next good save, or at close."""
+    doc = project.document
+    vid = add(doc, "a")
+    real = project._save_variant
+
+    def failing(variant_id: str) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(project, "_save_variant", failing)
+    with pytest.raises(sqlite3.OperationalError):
+        doc.history.push(RenameVariant(vid, "renamed"))
+    with pytest.raises(sqlite3.OperationalError):
+        project.save_pending()  # still failing: still pending
+    assert project._load().variant(vid).name == "a" and project.unsaved_changes == 1
+    monkeypatch.setattr(project, "_save_variant", real)
+    folder = project.folder
+    project.close()
+    with Project.open(folder) as again:
+        assert again.document.variant(vid).name == "renamed"

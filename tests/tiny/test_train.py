@@ -318,6 +318,49 @@ def test_trainer_refuses_bad_arguments_before_loading_anything(tmp_path, capsys,
     assert not (tmp_path / "escape").exists() and not (tmp_path / "run").exists()
 
 
+def test_a_restore_cut_off_part_way_is_not_taken_for_done(tmp_path, monkeypatch):
+    """kill -9 during a restore (here: an interrupt from the weight writer) leaves no
+    checkpoint that looks complete; the next restore does the part again."""
+    import shutil
+    from pathlib import Path
+
+    import safetensors.torch
+
+    from studio.tiny.train import restore_run
+
+    root = Path(__file__).resolve().parents[2]
+    shipped = root / "assets" / "models" / "tiny-wan"
+    spatial = json.loads((shipped / "vae" / "config.json").read_text())["scale_factor_spatial"]
+    committed = tmp_path / "committed"
+    shutil.copytree(root / "training" / "tiny" / ("v3/vae" if spatial == 2 else "vae"),
+                    committed / "vae")
+    real, calls = safetensors.torch.save_file, []
+
+    def cut_off_at(n):
+        def save(tensors, filename, *a, **k):
+            calls.append(filename)
+            if len(calls) == n:
+                Path(filename).write_bytes(b"half a file")
+                raise KeyboardInterrupt  # what a kill looks like from here
+            return real(tensors, filename, *a, **k)
+        return save
+
+    run = tmp_path / "run"
+    for n in (1, 3):  # in the decoder's weights, then in the denoiser's second file
+        calls.clear()
+        monkeypatch.setattr(safetensors.torch, "save_file", cut_off_at(n))
+        with pytest.raises(KeyboardInterrupt):
+            restore_run(run, shipped, committed)
+        part = "decoder" if n == 1 else "dit"
+        assert not (run / part / "checkpoint").exists()
+    monkeypatch.setattr(safetensors.torch, "save_file", real)
+    done = restore_run(run, shipped, committed)
+    assert done["vae"] == "kept" and done["decoder"] == "kept", done
+    assert done["dit"].startswith("restored from"), done
+    assert load_file(run / "dit" / "checkpoint" / "ema_transformer.safetensors")
+    assert not list(run.rglob("*.restoring"))
+
+
 def test_snapshot_and_restore_carry_a_run_through_the_repository(tmp_path, capsys):
     """A fresh machine has only the repository: restore rebuilds the run from the committed
     VAE and the shipped model, training resumes at the shipped step, and a snapshot of the

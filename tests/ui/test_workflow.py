@@ -268,3 +268,39 @@ def test_what_the_model_ignores_of_the_prompt_is_said_when_the_result_arrives(
     w.close()
     run(loop, w.shutdown())
     project.close()
+
+
+def test_a_result_the_project_cannot_save_fails_and_nothing_is_poisoned(tmp_path, loop,
+                                                                          make_window,
+                                                                          monkeypatch):
+    """The disk fills as a result arrives: the variant fails with the reason (the result is
+    not shown as done with a medium the file lacks), the user is told, and later edits save."""
+    import sqlite3
+
+    project = Project.create(tmp_path / "project")
+    w = make_window(project)
+    doc = project.document
+    real = project._save_variant
+
+    def full_disk(variant_id: str) -> None:
+        if doc.has_variant(variant_id) and doc.variant(variant_id).status == Status.DONE:
+            raise sqlite3.OperationalError("database or disk is full")
+        real(variant_id)
+
+    monkeypatch.setattr(project, "_save_variant", full_disk)
+    fill_prompt(w, "a red circle on grass")
+    fast_image_settings(w)
+    [vid] = w.generate()
+    run(loop, until(lambda: doc.variant(vid).status == Status.FAILED, 90, "the failure"))
+    v = doc.variant(vid)
+    assert "could not be saved" in v.error and "disk is full" in v.error and v.artifacts == ()
+    text, error = w.last_message
+    assert error and "could not be saved" in text
+    monkeypatch.undo()
+    w.rename(vid, "kept")
+    assert project.unsaved_changes == 0
+    saved = project._load().variant(vid)
+    assert (saved.status, saved.name, saved.artifacts) == (Status.FAILED, "kept", ())
+    w.close()
+    run(loop, w.shutdown())
+    project.close()
