@@ -26,17 +26,26 @@ Error = Callable[[BaseException], None]
 
 
 class Background(QObject):
-    """A thread pool whose results come back on the GUI thread.
+    """Thread pools whose results come back on the GUI thread.
+
+    Two lanes: the quick lane (``workers`` threads) for work the user waits on within a
+    second or so (saving a result, thumbnails, frames to show, input images); the slow lane
+    (``slow_workers`` threads) for long jobs (hashing a model's weights, which takes minutes
+    for a 30 GB checkpoint; MP4 and storyboard exports; the media sweep), so that a long job
+    never queues a result or a thumbnail behind it.
 
     Args:
-        workers: threads in the pool.
+        workers: threads in the quick lane.
+        slow_workers: threads in the slow lane.
     """
 
     _finished = Signal(object)
 
-    def __init__(self, workers: int = 2, parent: QObject | None = None) -> None:
+    def __init__(self, workers: int = 2, parent: QObject | None = None,
+                 slow_workers: int = 1) -> None:
         super().__init__(parent)
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, "studio-ui")
+        self._slow = concurrent.futures.ThreadPoolExecutor(slow_workers, "studio-ui-slow")
         # Always queued: a result is delivered on a later turn of the event loop, never inside
         # submit() (a future that is already done runs its callback at once).
         self._finished.connect(self._deliver, Qt.ConnectionType.QueuedConnection)
@@ -44,11 +53,12 @@ class Background(QObject):
 
     def submit(
         self, fn: Callable[..., Any], *args: Any, on_done: Done | None = None,
-        on_error: Error | None = None,
+        on_error: Error | None = None, slow: bool = False,
     ) -> concurrent.futures.Future:
-        """Runs ``fn(*args)`` on the pool; ``on_done(result)`` or ``on_error(exc)`` follow on
-        the GUI thread (errors without ``on_error`` are logged)."""
-        future = self._pool.submit(fn, *args)
+        """Runs ``fn(*args)`` on the quick lane (the slow lane when ``slow``); ``on_done
+        (result)`` or ``on_error(exc)`` follow on the GUI thread (errors without
+        ``on_error`` are logged)."""
+        future = (self._slow if slow else self._pool).submit(fn, *args)
 
         def finished(f: concurrent.futures.Future) -> None:
             if self._closed:
@@ -61,9 +71,10 @@ class Background(QObject):
         future.add_done_callback(finished)
         return future
 
-    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def call(self, fn: Callable[..., Any], *args: Any, slow: bool = False) -> Any:
         """``await``-able :meth:`submit` (needs the running asyncio loop)."""
-        return await asyncio.wrap_future(self._pool.submit(fn, *args))
+        pool = self._slow if slow else self._pool
+        return await asyncio.wrap_future(pool.submit(fn, *args))
 
     def _deliver(self, item: tuple) -> None:
         future, on_done, on_error = item
@@ -82,6 +93,7 @@ class Background(QObject):
         """Drops queued work; running work finishes but its result is not delivered."""
         self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._slow.shutdown(wait=False, cancel_futures=True)
 
 
 # -- pixels <-> QImage ---------------------------------------------------------------------

@@ -73,7 +73,7 @@ async def export_variant(document: Document, media: MediaCache, background: Back
     request_json = _engine_request(meta, v.request_json)
     try:
         return await background.call(write_result, path, frames, fps, request_json,
-                                     environment)
+                                     environment, slow=True)
     except (OSError, ValueError) as exc:
         raise ExportError(f"could not write {path}: {exc}") from None
 
@@ -103,7 +103,7 @@ async def export_contact_sheet(document: Document, media: MediaCache, background
         raise ExportError("None of the selected variants has a result yet.")
     try:
         check_output_path(path)
-        return await background.call(write_contact_sheet, path, items, cell)
+        return await background.call(write_contact_sheet, path, items, cell, slow=True)
     except (OSError, ValueError) as exc:
         raise ExportError(f"could not write {path}: {exc}") from None
 

@@ -120,7 +120,7 @@ class MediaCollector(QObject):
             grace = self.orphan_grace_s
             try:
                 removed = await self._bg.call(
-                    lambda: MediaStore.sweep_garbage(plan, orphan_grace_s=grace))
+                    lambda: MediaStore.sweep_garbage(plan, orphan_grace_s=grace), slow=True)
             except OSError:  # e.g. the folder went away; the next sweep finishes the job
                 log.exception("media collection: deleting files failed")
                 removed = []

@@ -133,6 +133,7 @@ class MainWindow(QMainWindow):
         self.next_project: Path | None = None
         self.last_message = ("", False)
         self._tasks: set[asyncio.Future] = set()
+        self.model_scan: asyncio.Future | None = None  # the last Settings rescan of models
         self._restored = False
         self._shut = False
         self.setWindowTitle(f"Diffusion Studio — {project.folder.name}")
@@ -651,9 +652,19 @@ class MainWindow(QMainWindow):
             self.apply_settings()
 
     def apply_settings(self) -> None:
-        """Re-reads the model folders and hands the new engine settings to the controller."""
-        self.registry = ModelRegistry(self.settings.model_folders)
-        self.params.set_models(self.registry.list(), self.registry.content_hash)
+        """Re-reads the model folders and hands the new engine settings to the controller.
+
+        The folders are scanned off the GUI thread (:attr:`model_scan`): a scan reads every
+        weight file's header and walks each folder, seconds on a cold or network disk."""
+        registry = self.registry = ModelRegistry(self.settings.model_folders)
+
+        async def rescan() -> None:
+            models = await self.background.call(registry.list)
+            if self.registry is registry:  # not overtaken by a later Settings change
+                self.params.set_models(models, registry.content_hash)
+
+        self.statusBar().showMessage("Scanning the model folders…", 5000)
+        self.model_scan = self.spawn(rescan())
         self.spawn(self.controller.reconfigure(self.settings.worker_config()))
 
     def ask_open_project(self) -> None:

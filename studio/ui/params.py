@@ -331,8 +331,8 @@ class ParamsPanel(QWidget):
             self._hashes[mid] = value
             self._changed()
 
-        self._bg.submit(self._hash_fn, entry, on_done=done,
-                        on_error=lambda exc: self._hashes.pop(entry.model_id, None))
+        self._bg.submit(self._hash_fn, entry, on_done=done,  # minutes for 30 GB of weights
+                        on_error=lambda exc: self._hashes.pop(entry.model_id, None), slow=True)
 
     def model_hash(self) -> str:
         """The selected model's content hash ("" while it is computed)."""

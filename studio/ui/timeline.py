@@ -494,7 +494,7 @@ class TimelinePanel(QWidget):
         self.export_button.setEnabled(False)
         self.status.setText("Exporting…")
         try:
-            result = await self._bg.call(render_storyboard, path, items)
+            result = await self._bg.call(render_storyboard, path, items, slow=True)
         except (OSError, ValueError) as exc:  # disk full, read-only disk: said, logged short
             log.warning("storyboard export failed: %s", exc)
             self.message.emit(f"Export failed: {exc}", True)

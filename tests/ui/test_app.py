@@ -88,7 +88,11 @@ def test_settings_dialog_applies_and_the_engine_restarts(tmp_path, loop, make_wi
     assert w.settings.model_folders == [str(tmp_path / "models")]
     assert (w.settings.device, w.settings.memory_budget_gb) == ("cpu", 12.5)
     old_engine = w.controller.engine
-    w.apply_settings()
+    (tmp_path / "models").mkdir()
+    w.apply_settings()  # the folders are scanned off the GUI thread, then the list changes
+    run(loop, w.model_scan)
+    assert w.registry.model_folders == [tmp_path / "models"]
+    assert w.params.entry() is not None and w.params.entry().model_id == "embedded"
     run(loop, until(lambda: w.controller.engine not in (None, old_engine), 30, "new engine"))
     assert w.controller.config.device == "cpu"
     assert w.controller.config.model_folders == (str(tmp_path / "models"),)

@@ -50,3 +50,28 @@ def test_no_ui_stall_while_generating(tmp_path, loop, make_window):
     print(f"UI stalls while generating: {stats}")
     assert stats["ticks"] > 50
     assert stats["max_ms"] < MAX_STALL_MS, stats
+
+
+def test_a_long_job_does_not_queue_quick_work_behind_it(qtbot):
+    """Hashing a 30 GB model or exporting a long storyboard runs on the slow lane: results,
+    thumbnails and input images (the quick lane) are not queued behind it, even when two
+    long jobs are waiting."""
+    import threading
+
+    from studio.ui.background import Background
+
+    background = Background()
+    gate = threading.Event()
+    started: list[str] = []
+    try:
+        for name in ("hash", "export"):
+            background.submit(lambda n=name: (started.append(n), gate.wait(30)), slow=True)
+        got: list[int] = []
+        for value in (1, 2, 3):  # more quick jobs than quick threads
+            background.submit(lambda v=value: v, on_done=got.append)
+        qtbot.waitUntil(lambda: sorted(got) == [1, 2, 3], timeout=5000)
+        qtbot.waitUntil(lambda: started == ["hash"], timeout=5000)
+        assert started == ["hash"]  # the second long job waits for the first, not the UI
+    finally:
+        gate.set()
+        background.shutdown()

@@ -140,6 +140,15 @@ def _stored_dtype(files: list[Path]) -> str:
     return names.get(max(counts, key=counts.get), max(counts, key=counts.get).lower())
 
 
+
+def _expand(folder: str | os.PathLike[str]) -> Path:
+    """``folder`` with ``~`` expanded; as given when ``~user`` names no user (it is then
+    reported as a folder that does not exist, not raised)."""
+    try:
+        return Path(folder).expanduser()
+    except RuntimeError:
+        return Path(folder)
+
 class ModelRegistry:
     """Finds models and checks them before anything is loaded.
 
@@ -151,7 +160,7 @@ class ModelRegistry:
 
     def __init__(self, model_folders: list[str | os.PathLike[str]] | None = None, *,
                  include_hf_cache: bool = True, embedded_dir: Path | None = None):
-        self.model_folders = [Path(p).expanduser() for p in (model_folders or [])]
+        self.model_folders = [_expand(p) for p in (model_folders or [])]
         self.include_hf_cache = include_hf_cache
         self.embedded_dir = embedded_dir or EMBEDDED_DIR
         self._hash_cache: dict[Path, str] = {}
