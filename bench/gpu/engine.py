@@ -136,19 +136,16 @@ def degree_one_rank_group(device: torch.device):
     check. With one rank the worker reads its cancel flag without a collective (there is no
     one to agree with); the 4-byte all-reduce and host sync it does with 2+ ranks are timed
     too (``per_step(collective=True)``). Returns that per-step call."""
-    import os
 
     import torch.distributed as dist
 
     from studio.engine.parallel import ParallelConfig
-    from studio.engine.parallel.launch import free_port
+    from studio.engine.parallel.launch import free_port, init_loopback_group
     from studio.engine.parallel.mesh import ParallelMesh
 
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0,
-                                world_size=1)
+        init_loopback_group("nccl" if device.type == "cuda" else "gloo", 0, 1, free_port(),
+                            60.0)
         ParallelMesh.build(ParallelConfig())
     flag = torch.zeros(1, dtype=torch.int32, device=device)
 

@@ -301,6 +301,18 @@ class MediaStore:
         return row
 
     def _path(self, media_id: str, ext: str) -> Path:
+        """The file of a medium. Both parts come from the project's database, which a shared
+        project's author controls: anything but a 32-digit hex id and a known extension
+        would name a path outside ``media/`` ("../..") and is refused.
+
+        Raises:
+            ValueError: a malformed id or extension (names ``media_id``).
+        """
+        if not (isinstance(media_id, str) and _MEDIA_ID.fullmatch(media_id)) or \
+                ext not in _EXT.values():
+            raise ValueError(f"media_id: the project's database names a medium "
+                             f"{str(media_id)[:40]!r} with extension {str(ext)[:20]!r}, which "
+                             f"is not a media file of a project (damaged or crafted)")
         return self.root / media_id[:2] / f"{media_id}.{ext}"
 
     def __contains__(self, media_id: object) -> bool:
@@ -406,12 +418,20 @@ class MediaStore:
         trash = self.root / _TRASH
         if doomed:
             trash.mkdir(exist_ok=True)
+        if doomed and trash.is_symlink():  # never move (or later delete) through a link
+            log.warning("media: %s is a link; nothing is moved into it", trash)
+            doomed = []
         for media_id, ext in doomed:
             with self._staged_lock:  # staged since the rows were read: its commit brings the
                 if media_id in self._staged:  # row back, so the file stays
                     continue
                 try:
-                    os.replace(self._path(media_id, ext), trash / f"{media_id}.{ext}")
+                    source = self._path(media_id, ext)
+                except ValueError:  # a crafted row: its row goes, no file is touched
+                    log.warning("media: malformed row %r.%r dropped", media_id, ext)
+                    continue
+                try:
+                    os.replace(source, trash / f"{media_id}.{ext}")
                 except FileNotFoundError:
                     pass
         # staged files are not orphans either, however old (a save waiting on a slow thread)
@@ -431,11 +451,13 @@ class MediaStore:
         """
         root = plan.root
         trash = root / _TRASH
-        for path in sorted(trash.iterdir()) if trash.is_dir() else ():
+        # links are never followed: a shared project's media/trash (or a fan-out folder)
+        # that links elsewhere must not get files outside the project deleted
+        for path in sorted(_plain_entries(trash, files=True)):
             path.unlink(missing_ok=True)  # condemned now, or by a mark a crash interrupted
         removed = list(plan.doomed)
-        for sub in sorted(p for p in root.iterdir() if p.is_dir() and p.name != _TRASH):
-            for path in sub.iterdir():
+        for sub in sorted(p for p in _plain_entries(root, files=False) if p.name != _TRASH):
+            for path in _plain_entries(sub, files=True):
                 stem = path.name.split(".", 1)[0]
                 temp = path.name.startswith(_TEMP_PREFIX)
                 if not temp and (stem in plan.known or not _MEDIA_ID.fullmatch(stem)):
@@ -453,6 +475,16 @@ class MediaStore:
             log.info("media: collected %d media", len(removed))
         return removed
 
+
+
+def _plain_entries(folder: Path, *, files: bool) -> list[Path]:
+    """The regular files (``files``) or the folders directly in ``folder``, symlinks left out
+    (and none at all when ``folder`` itself is a link or missing)."""
+    if folder.is_symlink() or not folder.is_dir():
+        return []
+    with os.scandir(folder) as entries:
+        return [Path(e.path) for e in entries if not e.is_symlink() and (
+            e.is_file(follow_symlinks=False) if files else e.is_dir(follow_symlinks=False))]
 
 @dataclass(frozen=True)
 class GarbagePlan:

@@ -555,3 +555,38 @@ def test_ltx_video_with_its_text_mask_under_ulysses_and_ring(ranks, tmp_path_fac
         check_plan_results(results, want, f"{scheme} 2 (2 ranks)")
         for _, [(*_, sent)] in results:
             assert sent["send" if scheme == "ring" else "all_to_all_single"] > 0
+
+
+def _listening(rank, world):
+    """The local addresses (hex, as /proc/net/tcp{,6} writes them) of this rank's
+    listening TCP sockets."""
+    import os
+
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/net/{table}") as fh:
+            for line in fh.read().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    found.append(fields[1].split(":")[0])
+    return found
+
+
+LOOPBACK = {"0100007F", "00000000000000000000000001000000",  # 127.0.0.1, ::1
+            "0000000000000000FFFF00000100007F"}  # ::ffff:127.0.0.1
+
+
+def test_the_rank_group_listens_on_loopback_only(ranks):
+    """Nothing listens beyond this machine: torch's default rendezvous would have rank 0's
+    store listen on every interface (*:port) for as long as the group lives."""
+    sockets = ranks.run(_listening)
+    assert sockets[0], "rank 0 holds the rendezvous store's listening socket"
+    assert all(address in LOOPBACK for per_rank in sockets for address in per_rank), sockets

@@ -80,6 +80,24 @@ def break_file(folder: Path, how: str) -> str:
     if how == "garbage-weights":
         weights.write_bytes(b"\x00" * 100)
         return "diffusion_pytorch_model.safetensors"
+    if how in ("shard-outside", "shard-fifo"):  # a crafted or damaged shard index
+        import json
+        import os
+
+        name = "../../../outside.safetensors" if how == "shard-outside" else "pipe.safetensors"
+        if how == "shard-fifo":
+            os.mkfifo(weights.parent / name)  # read by the scan, it would hang forever
+        index = {"metadata": {}, "weight_map": {"x": name}}
+        (weights.parent / "diffusion_pytorch_model.safetensors.index.json").write_text(
+            json.dumps(index))
+        return "outside.safetensors" if how == "shard-outside" else "pipe.safetensors"
+    if how == "component-outside":
+        import json
+
+        index = json.loads((folder / "model_index.json").read_text())
+        index["../vae"] = index.pop("vae")
+        (folder / "model_index.json").write_text(json.dumps(index))
+        return "'../vae' is not a plain name"
     if how == "pickle-weights":
         weights.unlink()
         (weights.parent / "diffusion_pytorch_model.bin").write_bytes(b"x")
@@ -89,7 +107,8 @@ def break_file(folder: Path, how: str) -> str:
 
 @pytest.mark.parametrize("how", ["missing-index", "bad-index", "missing-component",
                                  "missing-config", "missing-weights", "truncated-weights",
-                                 "garbage-weights", "pickle-weights"])
+                                 "garbage-weights", "pickle-weights", "shard-outside",
+                                 "shard-fifo", "component-outside"])
 def test_broken_folders_give_clear_errors(tiny_models, tmp_path, how):
     folder = copy(tiny_models["wan-t2v"], tmp_path / "broken")
     needle = break_file(folder, how)

@@ -591,3 +591,38 @@ def test_a_failed_save_is_retried_and_saved_at_close(project: Project, monkeypat
     project.close()
     with Project.open(folder) as again:
         assert again.document.variant(vid).name == "renamed"
+
+
+def test_a_crafted_project_cannot_get_files_outside_it_moved_or_deleted(tmp_path: Path) -> None:
+    """A project someone else made: its media/trash or a fan-out folder is a link out of the
+    project, and its database names media by "../" paths. Opening it and collecting garbage
+    (the studio does both at once) touches nothing outside the project."""
+    outside = tmp_path / "Pictures"
+    outside.mkdir()
+    photo = outside / "photo.jpg"
+    photo.write_bytes(b"holiday")
+    old_media = outside / ("ab" * 16 + ".png")  # media-like, old: an orphan if followed
+    old_media.write_bytes(b"another project's medium")
+    long_ago = time.time() - 7200
+    os.utime(old_media, (long_ago, long_ago))
+    secret = tmp_path / "home" / "ssh" / "id_key"
+    secret.parent.mkdir(parents=True)
+    secret.write_bytes(b"private")
+
+    folder = tmp_path / "shared"
+    with Project.create(folder) as p:
+        root = p.media.root
+        (root / "trash").symlink_to(outside, target_is_directory=True)
+        (root / "zz").symlink_to(outside, target_is_directory=True)
+        with p.transaction() as conn:
+            conn.executemany(
+                "INSERT INTO media (id, kind, ext, pixels_id, meta_json, created_at) "
+                "VALUES (?, 'image', ?, ?, '{}', 0)",
+                [("../../home/", "ssh/id_key", "x"), ("c" * 32, "../../../home/ssh/id_key", "y")])
+    with Project.open(folder) as p:
+        with pytest.raises(ValueError, match="media_id"):
+            p.media.path("c" * 32)  # a valid id with a traversing extension is refused
+        p.collect_garbage(orphan_grace_s=0)
+    assert photo.read_bytes() == b"holiday" and old_media.exists()
+    assert secret.read_bytes() == b"private"
+    assert not (folder / "home").exists()

@@ -79,12 +79,26 @@ def check_safetensors(path: Path) -> int:
     return size
 
 
+def _check_plain_name(name: str, what: str) -> None:
+    """A file or folder name a model's JSON gives must stay inside the model folder: one
+    path part, not "." or ".." (links inside the folder, as the Hugging Face cache makes,
+    are fine; the name is what is checked).
+
+    Raises:
+        ModelError: naming ``what`` and the name.
+    """
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise ModelError(f"{what} {name[:80]!r} is not a plain name inside the model folder "
+                         f"(no '/', '..'); the folder is damaged or crafted")
+
+
 def component_weight_files(folder: Path, component: str) -> list[Path]:
     """The safetensors files of one model component, checked.
 
     Raises:
         ModelError: no config, no weights, pickle-only weights, or a bad or missing shard.
     """
+    _check_plain_name(component, f"{folder / 'model_index.json'}: component")
     sub = folder / component
     if not sub.is_dir():
         raise ModelError(f"missing component folder {sub}")
@@ -93,10 +107,16 @@ def component_weight_files(folder: Path, component: str) -> list[Path]:
     indexes = [p for p in files if p.name.endswith(".safetensors.index.json")]
     if indexes:
         index = read_json(indexes[0], component)
-        shards = sorted(set(dict(index.get("weight_map", {})).values()))
+        shards = sorted(set(map(str, dict(index.get("weight_map", {})).values())))
         if not shards:
             raise ModelError(f"{indexes[0]} lists no weight shards")
+        for shard in shards:
+            _check_plain_name(shard, f"{indexes[0]}: weight shard")
         out = [sub / s for s in shards]
+        for p in out:  # a shard must be a file here (a FIFO or a folder would hang or fail)
+            if not p.is_file():
+                raise ModelError(f"{indexes[0]} names the shard {p.name}, which is not a "
+                                 f"file in {sub}")
     else:
         out = [p for p in files if p.suffix == ".safetensors"]
     if not out:
@@ -130,6 +150,7 @@ def check_folder(folder: Path) -> tuple[dict, list[Path]]:
         library, cls = spec
         if library is None or cls is None:
             continue
+        _check_plain_name(name, f"{folder / 'model_index.json'}: component")
         sub = folder / name
         if library in _MODEL_LIBRARIES and not any(m in str(cls) for m in _NON_MODEL_MARKERS):
             weights += component_weight_files(folder, name)

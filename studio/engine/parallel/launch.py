@@ -18,10 +18,48 @@ import torch.multiprocessing as mp
 
 
 def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (the rendezvous never listens beyond loopback)."""
+    """A TCP port free on 127.0.0.1 now, for :func:`init_loopback_group`'s rendezvous."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_LISTENERS: list[socket.socket] = []  # rank 0's rendezvous socket lives as long as its store
+
+
+def init_loopback_group(backend: str, rank: int, world: int, port: int,
+                        timeout_s: float) -> None:
+    """``dist.init_process_group`` for ranks on this machine that listens on loopback only.
+
+    torch's default rendezvous (``MASTER_ADDR``/``MASTER_PORT``, env://) makes rank 0's
+    TCPStore server listen on every interface (``*:port``), with no authentication, for as
+    long as the group lives. Here rank 0 binds the socket to 127.0.0.1 itself and hands it to
+    the store (``master_listen_fd``); the other ranks connect to it. Gloo's and NCCL's own
+    bootstrap sockets are pinned to the loopback interface (``GLOO_SOCKET_IFNAME`` /
+    ``NCCL_SOCKET_IFNAME`` = ``lo``; NCCL still moves tensors over NVLink/PCIe within the
+    machine). Sets those variables in this process only (a rank).
+
+    Args:
+        port: the rendezvous port (:func:`free_port`, chosen by the parent).
+        timeout_s: the store's and the collectives' timeout, in seconds.
+    Raises:
+        OSError: rank 0 cannot bind 127.0.0.1:``port`` (taken meanwhile).
+        RuntimeError / DistNetworkError: the rendezvous failed or timed out.
+    """
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    os.environ["NCCL_SOCKET_IFNAME"] = "lo"
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if rank == 0:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen(max(16, world))
+        _LISTENERS.append(listener)
+        store = dist.TCPStore("127.0.0.1", port, world, True, timeout,
+                              master_listen_fd=listener.fileno())
+    else:
+        store = dist.TCPStore("127.0.0.1", port, world, False, timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 def _portable(value, to_numpy: bool):
@@ -56,11 +94,8 @@ def run_ranks(fn: Callable, world_size: int, *args, backend: str | None = None,
 
 def _group_rank(rank: int, world: int, port: int, backend: str, timeout_s: float, tasks,
                 results) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
-    dist.init_process_group(backend, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    init_loopback_group(backend, rank, world, port, timeout_s)
     try:
         while True:
             task = tasks.get()

@@ -21,7 +21,6 @@ Nothing changes in the parent's environment: the rendezvous variables are set in
 
 from __future__ import annotations
 
-import datetime
 import os
 import threading
 from dataclasses import replace
@@ -68,14 +67,12 @@ def _rank_main(rank, world, port, backend, timeout_s, config, parallel, jobs, ev
     import torch
     import torch.distributed as dist
 
+    from studio.engine.parallel.launch import init_loopback_group
     from studio.engine.parallel.mesh import ParallelMesh
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
     if not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
-    dist.init_process_group(backend, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    init_loopback_group(backend, rank, world, port, timeout_s)
     device = f"cuda:{rank}" if torch.cuda.is_available() else "cpu"
     mesh = ParallelMesh.build(parallel)
     executor = replace(config, device=device).build_executor()
