@@ -21,8 +21,11 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
         if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
             "$VENV/bin/python" -m pip install -q "torch>=2.4,<3" >&2
         else
-            # No NVIDIA GPU: the CPU build, not a multi-GB CUDA download.
-            "$VENV/bin/python" -m pip install -q "torch==2.13.0" >&2
+            # No NVIDIA GPU: the CPU build, not a multi-GB CUDA download. PyPI's Linux torch
+            # is the CUDA build; PyTorch's CPU index has 2.13.0+cpu, which pip prefers (a
+            # local wheel of it, where the machine has one, serves offline).
+            "$VENV/bin/python" -m pip install -q --retries 1 "torch==2.13.0" \
+                --extra-index-url https://download.pytorch.org/whl/cpu >&2
         fi
     fi
     "$VENV/bin/python" -m pip install -q -e "$ROOT[test]" >&2
