@@ -130,6 +130,9 @@ class StoryboardPlan:
     width: int
     height: int
     fps: float
+    # the last letterboxed source frame: an image shot (or a slowed clip) repeats one source
+    # frame for many film frames, and playback must not resize it again each time
+    _last: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_frames(self) -> int:
@@ -155,9 +158,15 @@ class StoryboardPlan:
         raise IndexError("frame: past the end of the film")
 
     def frame(self, k: int) -> np.ndarray:
-        """Film frame ``k``: uint8 (height, width, 3), letterboxed."""
+        """Film frame ``k``: uint8 (height, width, 3), letterboxed (do not write to it: a
+        repeated source frame is returned again, not made again)."""
         s, i = self.locate(k)
-        return letterbox(np.asarray(self.shots[s].frames[i]), self.width, self.height)
+        out = self._last.get((s, i))
+        if out is None:
+            out = letterbox(np.asarray(self.shots[s].frames[i]), self.width, self.height)
+            self._last.clear()
+            self._last[(s, i)] = out
+        return out
 
 
 def plan_storyboard(

@@ -171,6 +171,17 @@ def test_storyboard_rules():
     boxed = letterbox(wide, 8, 8)
     assert boxed.shape == (8, 8, 3)
     assert boxed[0].max() == 0 and boxed[3:5].min() == 255  # black bars above and below
+    # playback letterboxes a repeated source frame (an image shot) once, not per film frame
+    from studio.store.storyboard import plan_storyboard
+
+    film = plan_storyboard([StoryboardShot(video[:3], fps=8.0), StoryboardShot(wide[None], 8.0)])
+    assert (film.width, film.height) == (4, 4) and film.num_frames == 3 + 16
+    first = film.frame(3)
+    assert film.frame(4) is first and film.frame(18) is first
+    np.testing.assert_array_equal(first, letterbox(wide, 4, 4))
+    np.testing.assert_array_equal(film.frame(1), letterbox(np.asarray(video[1]), 4, 4))
+    assert film.frame(3) is not first  # after another shot's frame: made again, equal
+    np.testing.assert_array_equal(film.frame(3), first)
 
 
 def test_pixels_round_trip_and_difference_map():
