@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QImage
 from PySide6.QtWidgets import (
     QComboBox,
     QGridLayout,
@@ -68,6 +69,9 @@ def differing_parameters(requests: Sequence[dict[str, Any]]) -> list[tuple[str, 
     return out
 
 
+HEAT_CACHE_BYTES = 256 * 2**20  # difference maps kept per comparison (81 frames of 720p fit)
+
+
 class CompareView(QWidget):
     """Compares variants (see the module docstring).
 
@@ -84,6 +88,10 @@ class CompareView(QWidget):
         self._media = media
         self._ids: list[str] = []
         self._frames: dict[str, np.ndarray] = {}
+        # difference maps by frame pair, made once: a looping playback in Difference mode
+        # would otherwise compute one per shown frame on the GUI thread (tens of ms at 720p)
+        self._heat: dict[tuple[int, int], tuple[QImage, dict]] = {}
+        self._heat_bytes = 0
         self._syncing = False
         self.stats = {"mean": 0.0, "max": 0.0}
         self.mode_combo = QComboBox()
@@ -183,6 +191,7 @@ class CompareView(QWidget):
             usable = usable[:MAX_COMPARE]
         self._ids = usable
         self._frames = {}
+        self._heat, self._heat_bytes = {}, 0
         self._layout_grid()
         self._fill_table()
         self.title.setText(" vs ".join(variant_label(self._doc.variant(v)) for v in usable))
@@ -254,9 +263,25 @@ class CompareView(QWidget):
         self.pages.setCurrentIndex(index)
         self._render()
 
+    def _index(self, vid: str) -> int:
+        return min(self.player.position, len(self._frames[vid]) - 1)
+
     def _frame(self, vid: str) -> np.ndarray:
-        frames = self._frames[vid]
-        return np.asarray(frames[min(self.player.position, len(frames) - 1)])
+        return np.asarray(self._frames[vid][self._index(vid)])
+
+    def _difference(self) -> tuple[QImage, dict]:
+        """The heat map and stats of the first two variants' current frames (cached per
+        frame pair, up to :data:`HEAT_CACHE_BYTES`)."""
+        key = (self._index(self._ids[0]), self._index(self._ids[1]))
+        hit = self._heat.get(key)
+        if hit is None:
+            a, b = (self._frame(v) for v in self._ids[:2])
+            heat, stats = difference_heatmap(a, b)
+            hit = (to_qimage(heat), stats)
+            if self._heat_bytes + heat.nbytes <= HEAT_CACHE_BYTES:
+                self._heat[key] = hit
+                self._heat_bytes += heat.nbytes
+        return hit
 
     def _render(self, *_: object) -> None:
         if not self.is_loaded():
@@ -270,9 +295,8 @@ class CompareView(QWidget):
             self.wipe_view.set_image(to_qimage(a), to_qimage(b))
             self.wipe_view.set_split(self.wipe_slider.value() / 1000)
         else:
-            a, b = (self._frame(v) for v in self._ids[:2])
-            heat, self.stats = difference_heatmap(a, b)
-            self.diff_view.set_image(to_qimage(heat))
+            heat, self.stats = self._difference()
+            self.diff_view.set_image(heat)
             note = "" if len(self._ids) == 2 else " (the first two variants)"
             self.diff_label.setText(
                 f"Difference{note}: mean |Δ| {self.stats['mean']:.2f}, largest "

@@ -119,6 +119,9 @@ def test_generate_branch_compare_timeline_export_and_reopen(tmp_path, loop, make
     assert w.compare.wipe_view.image() is not None
     w.compare.set_mode("Difference")
     assert w.compare.stats["max"] > 0 and w.compare.diff_view.image() is not None
+    heat = w.compare._difference()  # made once per frame pair, then reused (playback loops)
+    assert w.compare._difference() is heat and len(w.compare._heat) == 1
+    assert heat[1] == w.compare.stats
 
     # -- timeline: an image shot and a trimmed video shot, exported as one MP4 --------------
     w.variants.select([image, video])
