@@ -64,7 +64,9 @@ def log_dir() -> Path:
     return path
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """Makes ``folder``'s entries (a rename into it) durable, where the platform allows
+    (errors are ignored: some file systems cannot fsync a folder)."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
@@ -110,7 +112,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
         except OSError:
             pass
         raise
-    _fsync_dir(dest.parent)
+    fsync_dir(dest.parent)
     return dest
 
 

@@ -790,20 +790,34 @@ class LatentPool:
     anonymisation, first-frame conditioning and caption dropout, as the pixel path does.
     The batch mix (``DenoiserTask.step_kinds``: by default 45 % images, 37 % clips, 18 %
     reference clips) is the pixel path's.
+
+    The pool is not part of a checkpoint (at its cap it holds gigabytes). It is warmed with
+    ``warm_images`` / ``warm_clips`` samples at the first batch of a sitting, drawn from
+    that step's generator: each sitting (and each phase of a recipe) warms on new scenes,
+    where a fixed warm set would be drawn again and again at every restart. ``seed``
+    (optional) fixes the warm set instead, for tests. The warm-up runs inside the first
+    step, so its time is counted in the run's ``elapsed_s``.
     """
 
     def __init__(self, task: DenoiserTask, *, warm_images: int = 1024, warm_clips: int = 256,
                  fresh_images: int = 6, fresh_clips: int = 2, max_images: int = 40_000,
-                 max_clips: int = 12_000, seed: int = 4242):
+                 max_clips: int = 12_000, seed: int | None = None):
         self.task = task
         self.fresh_images, self.fresh_clips = fresh_images, fresh_clips
         self.max_images, self.max_clips = max_images, max_clips
+        self.warm_images, self.warm_clips, self.seed = warm_images, warm_clips, seed
         self.images: list[tuple] = []  # (spec, latent (C, 1, h, w))
         self.clips: list[tuple] = []  # (spec, latent (C, f, h, w), reference latent (C, 1, h, w))
-        rng = np.random.default_rng(seed)
-        for _ in range(warm_images // 64):
+        self.warmed = False
+        if seed is not None:
+            self.warm(np.random.default_rng(seed))
+
+    def warm(self, rng) -> None:
+        """Fills the pool with its warm set, drawn from ``rng`` (once)."""
+        self.warmed = True
+        for _ in range(self.warm_images // 64):
             self._add_images(rng, 64)
-        for _ in range(warm_clips // 16):
+        for _ in range(self.warm_clips // 16):
             self._add_clips(rng, 16)
 
     @torch.no_grad()
@@ -824,6 +838,8 @@ class LatentPool:
                        [(s, z[i].clone(), zr[i].clone()) for i, s in enumerate(specs)])
 
     def batch(self, rng):
+        if not self.warmed:  # the sitting's first step: a warm set of its own
+            self.warm(np.random.default_rng(rng.integers(2**63)))
         self._add_images(rng, self.fresh_images)
         self._add_clips(rng, self.fresh_clips)
         kinds = self.task.step_kinds

@@ -213,7 +213,7 @@ def _export_step(dest: Path, committed: Path) -> int | None:
 
 
 def restore_run(out: Path, dest: Path | None,
-                committed: Path = Path("training/tiny")) -> dict:
+                committed: Path = Path("training/tiny"), seed: int | None = None) -> dict:
     """Rebuilds ``out/{vae,decoder,dit}`` from what the repository holds: the committed VAE
     checkpoint and logs (``committed/vae``), the committed decoder logs and ``state.json``
     (``committed/decoder-w16``), the denoiser's snapshot and logs (``committed/dit``, see
@@ -233,7 +233,8 @@ def restore_run(out: Path, dest: Path | None,
     restored (AdamW restarts its moments). ``elapsed_s`` is the last logged time at or
     before that step in the denoiser's log (0 if none), and a ``restored_from`` line marks the
     restart in that log. Existing checkpoints under ``out`` are kept: restore only fills what
-    is missing.
+    is missing. The restored checkpoints carry ``seed`` (default: the snapshot's, else 0), so
+    a run of another seed resumes rather than being refused.
 
     Returns:
         ``{"vae": ..., "decoder": ..., "dit": ...}``: what each part became ("kept" or
@@ -327,6 +328,11 @@ def restore_run(out: Path, dest: Path | None,
     sources = {} if dest is None else {part: dest / part / file for part, file in every}
     heads: dict[str, Path] = {}  # training-only heads: only a snapshot holds them
     origin = str(dest)
+    run_seed = seed
+    if run_seed is None:
+        recorded = json.loads((snap / "state.json").read_text()).get("seed") \
+            if has_snapshot else None
+        run_seed = recorded if isinstance(recorded, int) else 0
     if has_snapshot:
         snap_step = json.loads((snap / "state.json").read_text()).get("step")
         if isinstance(snap_step, int) and (step is None or snap_step > step):
@@ -355,7 +361,7 @@ def restore_run(out: Path, dest: Path | None,
         if part not in heads:  # the heads have no EMA copy
             save_file(weights, str(tmp / f"ema_{part}.safetensors"))
     (tmp / "state.json").write_text(
-        json.dumps({"step": step, "elapsed_s": elapsed, "seed": 0}, indent=1))
+        json.dumps({"step": step, "elapsed_s": elapsed, "seed": run_seed}, indent=1))
     _land(tmp, dit / "checkpoint")
     with open(log, "a") as fh:  # marks where the restored run picks up
         fh.write(json.dumps({"step": step, "elapsed_s": elapsed, "restored_from": origin})
@@ -447,7 +453,7 @@ def run_recipe(out: Path, dest: Path, *, committed: Path | None = None, threads:
     missing = [part for part in ("vae", "dit") if last_checkpoint(out / part) is None]
     if committed is not None and missing and \
             (committed / "vae" / "checkpoint" / "vae.safetensors").exists():
-        print(f"[recipe] restore: {json.dumps(restore_run(out, None, committed))}",
+        print(f"[recipe] restore: {json.dumps(restore_run(out, None, committed, seed))}",
               file=sys.stderr, flush=True)
     deadline = None if minutes is None else time.monotonic() + minutes * 60
     common = ["--out", str(out), "--seed", str(seed), "--threads", str(threads)]

@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
+from studio.paths import fsync_dir
+
 log = logging.getLogger("studio.train")
 
 
@@ -108,10 +110,14 @@ def _save_checkpoint(out_dir: Path, task: TrainTask, opt: torch.optim.Optimizer,
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
     old = out_dir / "checkpoint.old"
-    shutil.rmtree(old, ignore_errors=True)
+    # at every moment one complete checkpoint is there: ``checkpoint``, else ``.old``
+    # (a save cut off between the renames leaves only ``.old``; the next save must not
+    # delete it before its own ``checkpoint`` is in place)
     if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
         final.rename(old)
     tmp.rename(final)
+    fsync_dir(out_dir)
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -211,6 +217,7 @@ def train(task: TrainTask, out_dir: str | os.PathLike[str], config: TrainConfig,
     stop_step = config.total_steps if max_steps is None else min(config.total_steps, max_steps)
     t0 = time.monotonic()
     last_ckpt = t0
+    saved_step = None  # the step of the last checkpoint this call saved
     elapsed0 = state["elapsed_s"]
     log_path = out / "train_log.jsonl"
     metrics: dict[str, float] = {}
@@ -250,7 +257,8 @@ def train(task: TrainTask, out_dir: str | os.PathLike[str], config: TrainConfig,
         if now - last_ckpt > config.checkpoint_every_s:
             _save_checkpoint(out, task, opt, state)
             task.on_checkpoint(out, state["step"])
-            last_ckpt = time.monotonic()
-    _save_checkpoint(out, task, opt, state)
-    task.on_checkpoint(out, state["step"])
+            saved_step, last_ckpt = state["step"], time.monotonic()
+    if saved_step != state["step"]:  # not again (and no second eval line) at the same step,
+        _save_checkpoint(out, task, opt, state)  # e.g. a SIGTERM during a periodic eval
+        task.on_checkpoint(out, state["step"])
     return {**state, "metrics": metrics}

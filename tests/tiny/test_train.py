@@ -190,6 +190,7 @@ def test_latent_pool_batches_are_latents_of_every_kind():
     task.latents_mean, task.latents_std = torch.zeros(8), torch.ones(8)
     pool = LatentPool(task, warm_images=64, warm_clips=16, fresh_images=2, fresh_clips=1,
                       max_images=70, max_clips=18)
+    assert pool.images == [] and pool.clips == []  # warmed at the first batch, not before
     kinds = set()
     for i in range(12):
         batch = pool.batch(np.random.default_rng(i))
@@ -202,6 +203,15 @@ def test_latent_pool_batches_are_latents_of_every_kind():
                   else "i2v" if first.any() else "clip")
     assert kinds == {"image", "clip", "i2v", "reference"}
     assert len(pool.images) == 70 and len(pool.clips) == 18  # grew to the cap, then replaced
+    # a restart (a new pool) at another step warms on other scenes, at the same step on the
+    # same ones: no fixed warm set drawn again at every sitting
+    def warm_set(step):
+        again = LatentPool(task, warm_images=64, warm_clips=16, fresh_images=1,
+                           fresh_clips=1)
+        again.batch(np.random.default_rng(step))
+        return [spec for spec, *_ in again.images[:64]]
+
+    assert warm_set(5) == warm_set(5) and warm_set(5) != warm_set(6)
     # with a motion head, clip batches carry each latent frame's displacement target
     task.motion_awareness = 1.0
     seen = set()
@@ -459,6 +469,16 @@ def test_snapshot_and_restore_carry_a_run_through_the_repository(tmp_path, capsy
     for name in ("reference_encoder", "ema_reference_encoder"):
         got = load_file(run2 / "dit" / "checkpoint" / f"{name}.safetensors")
         assert all(torch.equal(got[k], v.float()) for k, v in rsnap.items())
+
+    # the restored checkpoint carries the run's seed (the snapshot's, or the one given), so
+    # a run of another seed resumes instead of being refused by the seed check
+    snap_state = committed / "dit" / "checkpoint" / "state.json"
+    snap_state.write_text(json.dumps({**json.loads(snap_state.read_text()), "seed": 7}))
+    restore_run(tmp_path / "run5", None, committed)
+    restore_run(tmp_path / "run6", None, committed, seed=3)
+    for name, seed in (("run5", 7), ("run6", 3)):
+        state = json.loads((tmp_path / name / "dit" / "checkpoint" / "state.json").read_text())
+        assert state["seed"] == seed and state["step"] == step + 2
 
     # bad input: a clear error, exit status 2, nothing written
     with pytest.raises(ValueError, match="dest="):
