@@ -203,8 +203,10 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
         except ValueError as exc:
             raise BadInput(str(exc)) from None
         if not is_file:
-            raise BadInput(f"from={args.from_file!r}: no such file (give an image or video "
-                           f"that studio rendered)")
+            what = "is a folder" if Path(args.from_file).expanduser().is_dir() else \
+                "no such file"
+            raise BadInput(f"from={args.from_file!r}: {what} (give an image or video that "
+                           f"studio rendered)")
         try:
             recorded = read_metadata(args.from_file)["request"]
             # a malformed or hand-edited request (a field of the wrong type) is refused here
@@ -412,7 +414,7 @@ def cmd_render(args) -> int:
     from studio.engine.executor import resolve_device
     from studio.engine.models.registry import ModelRegistry
     from studio.engine.worker import WorkerConfig
-    from studio.store.export import check_suffix, write_result
+    from studio.store.export import check_suffix
 
     try:
         resolve_device(args.device)
@@ -458,8 +460,7 @@ def cmd_render(args) -> int:
     if isinstance(event, ev.Cancelled):
         print("cancelled", file=sys.stderr)
         return EXIT_INTERRUPTED
-    path = write_result(out_path, event.frames, event.fps, event.request_json,
-                        event.environment)
+    path = write_new_result(out_path, event, args.overwrite)
     f, h, w, _ = event.frames.shape
     what = f"{w}x{h} image" if f == 1 else f"{w}x{h} video, {f} frames at {event.fps:g} fps"
     t = event.timings
@@ -482,6 +483,28 @@ def cmd_render(args) -> int:
 
         print(compare_with_original(args.from_file, original, event, read_frames(path), path))
     return EXIT_OK
+
+
+def write_new_result(out_path: Path, event, overwrite: bool) -> Path:
+    """Writes the job's result to ``out_path``; without ``overwrite`` never over a file that
+    appeared there while the job ran (another render, another program): the result then
+    goes to the first free ``<stem>-2<suffix>``, ``-3``, ... and a note says so, so neither
+    file is lost."""
+    from studio.store.export import write_result
+
+    candidates = [out_path] + [out_path.with_name(f"{out_path.stem}-{n}{out_path.suffix}")
+                               for n in range(2, 1000)]
+    for candidate in candidates:
+        try:
+            path = write_result(candidate, event.frames, event.fps, event.request_json,
+                                event.environment, replace=overwrite)
+        except FileExistsError:
+            continue
+        if candidate != out_path:
+            print(f"note: out: {out_path} was created by something else while this job "
+                  f"ran; kept it, and wrote this result to {path}", file=sys.stderr)
+        return path
+    raise BadInput(f"out={str(out_path)!r}: it and {out_path.stem}-2 ... -999 all exist")
 
 
 def compare_with_original(name: str, original, event, written, new_path) -> str:

@@ -7,6 +7,7 @@ the user puts them. Nothing is created at import time.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
@@ -79,7 +80,8 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> Path:
+def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None], *,
+                 replace: bool = True) -> Path:
     """Writes a file atomically: ``write(tmp_path)`` fills a temporary file in the same
     folder, which is fsynced and renamed over ``path``; a failure leaves no partial file.
 
@@ -87,8 +89,12 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
         path: the destination.
         write: called with the temporary path (keeps the destination's suffix, so encoders
             that pick a format from the extension work).
+        replace: False never replaces an existing ``path``, even one created meanwhile by
+            another program (the file is linked into place, which fails if the name exists).
     Returns:
         The destination as a Path.
+    Raises:
+        FileExistsError: ``replace`` is False and ``path`` exists (nothing is written).
     """
     dest = Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -105,7 +111,19 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
         write(tmp)
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
-        os.replace(tmp, dest)
+        if replace:
+            os.replace(tmp, dest)
+        else:
+            try:
+                os.link(tmp, dest)  # atomic, and refuses an existing name
+            except FileExistsError:
+                raise
+            except OSError:  # a file system without hard links (FAT, some shares)
+                if os.path.lexists(dest):
+                    raise FileExistsError(errno.EEXIST, "File exists", str(dest)) from None
+                os.replace(tmp, dest)
+            else:
+                os.unlink(tmp)
     except BaseException:
         try:
             os.unlink(tmp)

@@ -164,13 +164,17 @@ def write_result(
     fps: float,
     request_json: str,
     environment: dict[str, Any] | None = None,
+    *,
+    replace: bool = True,
 ) -> Path:
     """Writes ``frames`` (uint8 (F, H, W, 3)) to ``path`` by its suffix, atomically.
 
     Args:
         fps: frames per second (videos).
+        replace: False never replaces an existing file (see :func:`atomic_write`).
     Raises:
         ValueError: see :func:`check_suffix`; or frames of the wrong shape or dtype.
+        FileExistsError: ``replace`` is False and ``path`` exists.
     """
     frames = np.asarray(frames)
     if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3 or not len(frames):
@@ -220,7 +224,7 @@ def write_result(
                     xmp=xmp.encode(),
                 )
 
-    return atomic_write(path, write)
+    return atomic_write(path, write, replace=replace)
 
 
 class H264Writer:

@@ -100,9 +100,10 @@ async def _run_projects(settings, folder: Path, engine_factory) -> int:
         except (ProjectError, OSError) as exc:
             message = f"Cannot open the project in {next_folder}:\n{exc}"
             logging.getLogger(__name__).error("%s", message)
-            print(f"error: {message}", file=sys.stderr)
+            one_line = message.replace("\n", " ")
+            print(f"error: {one_line}", file=sys.stderr)
             if not _has_screen():  # offscreen / minimal: nobody could close the box
-                return 1
+                return 2  # a folder the user gave or chose: bad input, not an internal error
             # window-modal but not a nested event loop: a SIGTERM or Ctrl+C meanwhile
             # cancels this await and closes the box (a blocking exec() under qasync left a
             # future set after cancellation: InvalidStateError)
@@ -115,7 +116,7 @@ async def _run_projects(settings, folder: Path, engine_factory) -> int:
             finally:
                 box.close()
                 box.deleteLater()
-            return 1
+            return 2
         settings.last_project = str(next_folder)
         window = MainWindow(project, settings, engine_factory=engine_factory)
         problems = settings.stored_problems()

@@ -358,6 +358,9 @@ def test_path_problems_are_named_plainly(tmp_path, capsys):
     code, _, err = studio_inproc(capsys, "render", "--from", tmp_path / "missing.png",
                                  "--out", tmp_path / "o.png")
     assert code == 2 and "no such file" in err and "Errno" not in err
+    code, _, err = studio_inproc(capsys, "render", "--from", tmp_path, "--out",
+                                 tmp_path / "o.png")
+    assert code == 2 and f"from={str(tmp_path)!r}: is a folder" in err
     code, _, err = studio_inproc(capsys, "models", "--model-folder", tmp_path / "nowhere")
     assert code == 2 and "model-folder" in err
 
@@ -591,3 +594,32 @@ def test_a_non_utf8_file_name_and_a_damaged_from_file_keep_the_render(tmp_path, 
     assert code == 0, err
     assert again.exists() and "wrote" in out
     assert f"note: from: cannot decode the frames of {damaged}" in err
+
+
+def test_a_file_created_at_the_output_while_rendering_is_kept(tmp_path, capsys):
+    """Two renders to one name at once (or any program writing there meanwhile): the
+    existence check ran before the job, so the write itself must not replace the file;
+    the new result goes next to it, and a note says where."""
+    from types import SimpleNamespace
+
+    from studio.cli import write_new_result
+
+    out = tmp_path / "same.png"
+    event = SimpleNamespace(frames=np.full((1, 8, 8, 3), 9, np.uint8), fps=8.0,
+                            request_json=json.dumps({"prompt": "a blue square"}),
+                            environment={})
+    out.write_bytes(b"the other render")
+    (tmp_path / "same-2.png").write_bytes(b"and another")
+    path = write_new_result(out, event, overwrite=False)
+    assert path == tmp_path / "same-3.png" and read_frames(path)[0, 0, 0, 0] == 9
+    assert out.read_bytes() == b"the other render"
+    assert (tmp_path / "same-2.png").read_bytes() == b"and another"
+    err = capsys.readouterr().err
+    assert f"kept it, and wrote this result to {path}" in err
+    # --overwrite replaces, as asked
+    assert write_new_result(out, event, overwrite=True) == out and read_frames(out).shape[0] == 1
+    with pytest.raises(FileExistsError):
+        from studio.paths import atomic_write
+
+        atomic_write(out, lambda tmp: Path(tmp).write_bytes(b"x"), replace=False)
+    assert read_frames(out)[0, 0, 0, 0] == 9 and not list(tmp_path.glob(".*tmp*"))

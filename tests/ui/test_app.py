@@ -243,13 +243,15 @@ def test_an_unusable_studio_home_stops_the_studio_with_one_line(tmp_path):
 def test_without_a_screen_a_project_that_cannot_open_exits_with_the_line(tmp_path, loop,
                                                                          settings, capsys):
     """On the offscreen platform (the tests', a headless run) no one could close a box: the
-    error line is printed and the studio returns 1 at once."""
+    error line is printed and the studio returns 2 (bad input) at once."""
     from PySide6.QtWidgets import QMessageBox
 
     afile = tmp_path / "notes.txt"
     afile.write_text("x")
-    assert run(loop, run_studio(settings, afile)) == 1
-    assert "Cannot open the project" in capsys.readouterr().err
+    assert run(loop, run_studio(settings, afile)) == 2
+    err = capsys.readouterr().err
+    assert "Cannot open the project" in err and "is a file, not a folder" in err
+    assert len(err.strip().splitlines()) == 1, err
     assert not [w for w in QApplication.topLevelWidgets()
                 if isinstance(w, QMessageBox) and w.isVisible()]
 
@@ -280,7 +282,7 @@ def test_a_project_that_cannot_open_is_said_in_a_box_that_a_stop_closes(tmp_path
         (await until(box, 30, "the box")).accept()
         return await task
 
-    assert run(loop, answered()) == 1
+    assert run(loop, answered()) == 2
     assert "Cannot open the project" in capsys.readouterr().err
 
     async def stopped():
