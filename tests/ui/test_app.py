@@ -90,10 +90,11 @@ def test_settings_dialog_applies_and_the_engine_restarts(tmp_path, loop, make_wi
     old_engine = w.controller.engine
     (tmp_path / "models").mkdir()
     w.apply_settings()  # the folders are scanned off the GUI thread, then the list changes
-    run(loop, w.model_scan)
+    run(loop, until(lambda: w.controller.engine not in (None, old_engine), 30, "new engine"))
+    run(loop, until(w.model_scan.done, 30, "the model scan"))
+    assert w.model_scan.exception() is None
     assert w.registry.model_folders == [tmp_path / "models"]
     assert w.params.entry() is not None and w.params.entry().model_id == "embedded"
-    run(loop, until(lambda: w.controller.engine not in (None, old_engine), 30, "new engine"))
     assert w.controller.config.device == "cpu"
     assert w.controller.config.model_folders == (str(tmp_path / "models"),)
     fill_prompt(w, "after the restart")
