@@ -35,9 +35,11 @@ def render_samples() -> int:
 
 def _exists(text: str) -> bool:
     """Whether ``text`` names an existing path (False for a ``~user`` of no user)."""
+    from studio.paths import expand_path
+
     try:
-        return Path(text).expanduser().exists()
-    except RuntimeError:
+        return expand_path(text, "project").exists()
+    except ValueError:
         return False
 
 

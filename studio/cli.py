@@ -199,12 +199,11 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
     notes: list[str] = []
     if args.from_file:
         try:
-            is_file = expand_path(args.from_file, "from").is_file()
+            given = expand_path(args.from_file, "from")
         except ValueError as exc:
             raise BadInput(str(exc)) from None
-        if not is_file:
-            what = "is a folder" if Path(args.from_file).expanduser().is_dir() else \
-                "no such file"
+        if not given.is_file():
+            what = "is a folder" if given.is_dir() else "no such file"
             raise BadInput(f"from={args.from_file!r}: {what} (give an image or video that "
                            f"studio rendered)")
         try:

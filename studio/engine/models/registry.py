@@ -144,9 +144,11 @@ def _stored_dtype(files: list[Path]) -> str:
 def _expand(folder: str | os.PathLike[str]) -> Path:
     """``folder`` with ``~`` expanded; as given when ``~user`` names no user (it is then
     reported as a folder that does not exist, not raised)."""
+    from studio.paths import expand_path
+
     try:
-        return Path(folder).expanduser()
-    except RuntimeError:
+        return expand_path(folder, "model folder")
+    except ValueError:
         return Path(folder)
 
 class ModelRegistry:
