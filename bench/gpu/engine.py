@@ -25,13 +25,20 @@ agreement. ``--cpu-smoke`` runs tiny configs on the CPU to check the script itse
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
 
 import torch
 
+from bench.gpu import seconds_left
+
 T0 = time.perf_counter()
+#: seconds before the run's deadline ($STUDIO_GPU_DEADLINE, bench/gpu/run.sh) past which a
+#: kind of row is skipped: the optional rows first, then the compile rows (tens of seconds
+#: each on a 12-14B model), then everything, so the run ends with its JSON written
+RESERVE_S = {"optional": 70.0, "compile": 110.0, "any": 15.0}
 
 
 def log(msg: str) -> None:
@@ -235,6 +242,13 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
 
+    def out_of_time(kind: str) -> bool:
+        """Whether a row of this kind ("optional", "compile", "any") is past its budget: this
+        stage's own (--budget-s, --compile-budget-s) or the run's deadline."""
+        elapsed = time.perf_counter() - T0
+        own = {"optional": args.budget_s, "compile": args.compile_budget_s}.get(kind)
+        return (own is not None and elapsed > own) or seconds_left() < RESERVE_S[kind]
+
     def save_json():
         if args.json:
             with open(args.json, "w") as fh:
@@ -244,9 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     def compiled_row(model, name, lever, fwd, stock, base_s, target=None):
         """The model as it stands, its repeated blocks under regional torch.compile (the
         compile is paid in the warm-up call), then uncompiled again."""
-        if time.perf_counter() - T0 > args.compile_budget_s:
+        if out_of_time("compile"):
             rows.append(dict(model=name, lever=lever, error="skipped: time budget"))
             log(f"{name}: {lever} skipped (compile time budget)")
+            save_json()
             return
         try:
             # --cpu-smoke: dynamo's eager backend checks the path in seconds
@@ -260,13 +275,15 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(dict(model=name, lever=lever,
                              error=f"{type(exc).__name__}: {str(exc)[:200]}"))
         finally:
+            save_json()
             uncompile_denoiser(model)
             torch._dynamo.reset()
 
     def timed(name, lever, fwd, stock, base_s, optional=False, **extra):
-        if optional and time.perf_counter() - T0 > args.budget_s:
+        if out_of_time("optional" if optional else "any"):
             rows.append(dict(model=name, lever=lever, error="skipped: time budget"))
             log(f"{name}: {lever} skipped (time budget)")
+            save_json()
             return rows[-1]
         reps = 2 if "14b" in name else args.reps
         broken_before = set(attention_module._BROKEN)
@@ -289,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{name}: {lever}: {row['error']}")
             attention_module._BROKEN.difference_update(newly_broken)  # later rows try again
         rows.append(row)
+        save_json()  # after every row: a run killed at its limit keeps what it measured
         return row
 
     with torch.inference_mode():
@@ -321,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                     kernel=kernel, sparse_inner="sage" if kernel == "sparse" else "flash"))
                 timed(name, f"attention {kernel}", fwd, stock, base_s, calls=stats,
                       optional=kernel == "flash")
-                if args.profile and video and kernel == "sage":
+                if args.profile and video and kernel == "sage" and not out_of_time("optional"):
                     log(profile_forward(f"{name}, sage attention", fwd, device, args.profile))
                     remove_attention(model)
                     log(profile_forward(f"{name}, stock", fwd, device, args.profile))
@@ -335,7 +353,14 @@ def main(argv: list[str] | None = None) -> int:
             timed(name, "step cache hooks (threshold 0)", fwd, stock, base_s, optional=True)
             remove_step_cache(model)
             # the rank-group overhead is per step, not per model: timed on the smaller one
-            per_step = degree_one_rank_group(device) if not video else None
+            per_step = None
+            if not video and not out_of_time("optional"):
+                try:  # the loopback rendezvous has only run on CPUs: a failure is a row
+                    per_step = degree_one_rank_group(device)
+                except Exception as exc:
+                    rows.append(dict(model=name, lever="parallel path at degree 1 (rank group)",
+                                     error=f"{type(exc).__name__}: {str(exc)[:200]}"))
+                    log(f"{name}: rank group failed: {rows[-1]['error']}")
 
             def fwd_in_group(fwd=fwd, per_step=per_step):
                 per_step()
@@ -400,8 +425,13 @@ def main(argv: list[str] | None = None) -> int:
                     # the library's own compile, for reference (before torchao's transform)
                     compiled_row(model, name, "stock + regional torch.compile (library)", fwd,
                                  stock, base_s)
-            del originals
+            # every closure over the model goes too, or the 12B one stays resident while the
+            # 14B one is built (an out-of-memory risk on an 80 GB card)
+            del originals, fwd, fwd_in_group, fwd_agreeing
+            if device.type == "cuda":
+                del fwd_cudnn
             del model, inputs, stock
+            gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             save_json()  # after each model: a run cut short keeps what it measured

@@ -62,6 +62,20 @@ _LOGGED: set[str] = set()
 _BROKEN: set[str] = set()  # kernels that failed at run time in this process
 
 
+def _kernel_failures() -> tuple[type[BaseException], ...]:
+    """The errors that mean "our kernel cannot run here, SDPA instead": torch's and a
+    missing module's, and Triton's own (CompilationError, OutOfResources, PTXASError derive
+    from ``triton.errors.TritonError``, an ``Exception``, not a RuntimeError)."""
+    try:
+        from triton.errors import TritonError
+    except ImportError:
+        return (RuntimeError, ImportError)
+    return (RuntimeError, ImportError, TritonError)
+
+
+KERNEL_FAILURES = _kernel_failures()
+
+
 def _log_once(reason: str) -> None:
     if reason not in _LOGGED:
         _LOGGED.add(reason)
@@ -116,7 +130,7 @@ class _Router(TorchFunctionMode):
             return sdpa()
         try:
             return self.route(q, k, v, scale)
-        except (RuntimeError, ImportError) as exc:  # e.g. a Triton compile failure
+        except KERNEL_FAILURES as exc:  # e.g. a Triton compile failure
             _BROKEN.add(self.config.kernel)
             log.warning("attention: %s kernel failed (%s: %s); SDPA from now on",
                         self.config.kernel, type(exc).__name__, str(exc)[:200])
@@ -266,7 +280,7 @@ class _RootHook(ModelHook):
             _DISPATCH_ROUTERS[device] = self.router
             try:
                 return self.fn_ref.original_forward(*args, **kwargs)
-            except (RuntimeError, ImportError) as exc:
+            except KERNEL_FAILURES as exc:
                 # In compiled code our kernels run after the router's try/except has been
                 # traced away, so a kernel that fails to build (Triton) surfaces here: mark
                 # it broken (the guards on _BROKEN then recompile to SDPA) and run the step

@@ -28,7 +28,8 @@ class AttentionConfig:
             (``sparse`` only; see :func:`~studio.kernels.block_sparse_attention.mask.
             build_video_mask`); clamped to the clip's frames.
         sage_tiles: ``sage``'s (block_m, block_n), its quantization blocks too, each one of
-            16, 32, 64, 128; None: the op's default for the device
+            16, 32, 64, 128 (block_n >= 32 with ``pv_fp8``); None: the op's default for the
+            device
             (:func:`studio.kernels.sage_attention.op.default_tiles`).
 
     Raises:
@@ -48,6 +49,11 @@ class AttentionConfig:
                 len(self.sage_tiles) != 2
                 or any(t not in (16, 32, 64, 128) for t in self.sage_tiles)):
             raise ValueError(f"sage_tiles: {self.sage_tiles!r} must be two of 16, 32, 64, 128")
+        if self.pv_fp8 and self.sage_tiles is not None and self.sage_tiles[1] < 32:
+            # the fp8 P·V dot's reduction runs over block_n keys: Triton compiles 8-bit dots
+            # only with K >= 32 on the GPU (the interpreter takes any)
+            raise ValueError(f"sage_tiles: block_n {self.sage_tiles[1]} with pv_fp8 must be "
+                             f"32, 64 or 128 (an 8-bit dot needs K >= 32)")
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel: {self.kernel!r} is not one of {', '.join(KERNELS)}")
         if self.sparse_inner not in ("flash", "sage"):

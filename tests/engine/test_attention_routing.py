@@ -57,6 +57,32 @@ def test_flash_routing_runs_triton_and_matches_sdpa():
     torch.testing.assert_close(call(model, x, text), want, atol=0, rtol=0)
 
 
+def test_a_triton_build_error_falls_back_to_sdpa(monkeypatch):
+    """Triton's own errors (CompilationError, OutOfResources, PTXASError) are not
+    RuntimeErrors: a kernel that does not build on the GPU is marked broken on them too, and
+    the call (and every later one) runs SDPA instead of failing the job."""
+    from triton.runtime.errors import OutOfResources
+
+    import studio.engine.attention as routing
+
+    def too_big(*args, **kwargs):
+        raise OutOfResources(262144, 232448, "shared memory")
+
+    model = tiny_wan()
+    x, text = torch.randn(1, 4, 3, 6, 10), torch.randn(1, 7, 16)
+    want = call(model, x, text)
+    stats = apply_attention(model, AttentionConfig(kernel="flash"))
+    monkeypatch.setattr(flash_op, "_launch", too_big)
+    try:
+        got = call(model, x, text)
+        assert "flash" in routing._BROKEN
+        assert stats["sdpa"] == 4  # every call ran SDPA: the failed one, and the later ones
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    finally:
+        routing._BROKEN.discard("flash")
+        remove_attention(model)
+
+
 def test_sage_routing_is_close_to_sdpa():
     model = tiny_wan()
     x, text = torch.randn(1, 4, 3, 6, 10), torch.randn(1, 7, 16)
@@ -179,7 +205,7 @@ def test_studio_attention_env_forces_a_kernel_on_every_profile(monkeypatch):
     assert model._studio_attention[0].pv_fp8 is True and model._studio_attention[1]["sage"] == 4
     cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
     assert 0.99 < cos < 1.0
-    monkeypatch.setenv("STUDIO_ATTENTION", "sage,pv_fp8,tiles=16x16")  # finer quant blocks
+    monkeypatch.setenv("STUDIO_ATTENTION", "sage,pv_fp8,tiles=16x32")  # finer quant blocks
     apply_levers([model], levers_for("exact", "cpu"))
     finer = call(model, x, text)
     assert not torch.equal(finer, got)  # the tiles reached the kernel's quantization
@@ -197,6 +223,7 @@ def test_studio_attention_env_forces_a_kernel_on_every_profile(monkeypatch):
     for bad, word in (("xformers", "kernel"), ("sage,fp4", "option"),
                       ("sparse,window=2x2", "window: "), ("sparse,window=ax2x2", "window"),
                       ("sage,tiles=64x100", "tiles: "), ("sage,tiles=big", "tiles"),
+                      ("sage,pv_fp8,tiles=64x16", "tiles: block_n 16 with pv_fp8"),
                       (",,", "names no kernel"), ("sparse,sink=-1", "sink: ")):
         with pytest.raises(ValueError, match=f"STUDIO_ATTENTION.*{word}"):
             attention_override(bad)

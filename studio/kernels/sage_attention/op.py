@@ -218,7 +218,8 @@ def sage_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             (q, k, v: (batch, heads, seq, head_dim); kv_lengths (batch,) int32).
         pv_fp8: P·V in fp8; None picks it when the device supports fp8 (CUDA compute
             capability >= 8.9). True on an older CUDA device raises ValueError.
-        block_m, block_n: quantization blocks = kernel tiles, each one of 16, 32, 64, 128;
+        block_m, block_n: quantization blocks = kernel tiles, each one of 16, 32, 64, 128
+            (block_n >= 32 with fp8 P·V; pv_fp8=None takes 16-bit P·V for block_n 16);
             None picks :func:`default_tiles`.
 
     Returns:
@@ -226,7 +227,8 @@ def sage_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
     Raises:
         ValueError: malformed inputs (see :func:`attention`), a block size outside
-            16/32/64/128, or pv_fp8=True on a CUDA device without fp8.
+            16/32/64/128, pv_fp8=True with block_n 16, or pv_fp8=True on a CUDA device
+            without fp8.
 
     Runs the torch emulation (:func:`sage_attention_reference`, logged once) when Triton
     cannot: no Triton, CPU tensors without TRITON_INTERPRET=1, float64, other head dims.
@@ -239,8 +241,14 @@ def sage_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         if value not in BLOCK_SIZES:
             raise ValueError(f"{name} must be one of {', '.join(map(str, BLOCK_SIZES))}, "
                              f"got {value!r}")
+    if pv_fp8 and block_n < 32:
+        # P·V's reduction runs over block_n keys, and Triton compiles an 8-bit dot only with
+        # K >= 32 on the GPU (the interpreter takes any): refused everywhere, so the CPU
+        # tests cannot pass a launch the GPU would not compile
+        raise ValueError(f"block_n must be 32, 64 or 128 with pv_fp8=True (an 8-bit dot needs "
+                         f"K >= 32), got {block_n}")
     if pv_fp8 is None:
-        pv_fp8 = device_supports_fp8(q.device)
+        pv_fp8 = device_supports_fp8(q.device) and block_n >= 32
     elif pv_fp8 and q.device.type == "cuda" and not device_supports_fp8(q.device):
         cap = torch.cuda.get_device_capability(q.device)
         raise ValueError(f"pv_fp8=True needs CUDA compute capability >= 8.9, this device has "
