@@ -397,6 +397,8 @@ class MainWindow(QMainWindow):
         notes = self.params.set_from_request(request, self._ref_thumbnail)
         if request.mode == "i2i" and request.mask is not None:
             self.mask_link.load(request.mask, f"Mask of {variant_label(v)}")
+        elif request.mode == "i2i":  # the tool keeps one mask per init image: not this one's
+            self.mask_link.clear()
         self.params.set_parent(vid, variant_label(v))
         self.docks["paramsDock"].show()
         self.docks["paramsDock"].raise_()

@@ -393,6 +393,15 @@ class MaskLink(QObject):
                 self._store.find_by_pixels(ref.content_id) is None:
             self._store.put_image(mask.pixels.copy())
 
+    def clear(self) -> None:
+        """Empties the Mask tool's mask of the current init image (one undo step when it was
+        painted), for a branched request that has none: without this the mask painted for
+        another request on the same init image would come back into the draft at Generate."""
+        mask = self.editor.mask()
+        if mask is not None and not mask.is_empty():
+            self.editor.clear()
+        self.sync()
+
     def load(self, ref: MediaRef, label: str) -> None:
         """Puts a stored mask in the Mask tool (one undo step); tells the user when it
         cannot be read or does not fit the init image."""

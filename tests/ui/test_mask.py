@@ -137,6 +137,24 @@ def test_mask_strokes_undo_and_masked_generation(tmp_path, loop, make_window):
     np.testing.assert_array_equal(editor.mask().pixels, square)
     assert w.params.mask_ref() == ref
 
+    # a result made without a mask from the same init image: its branch repaints everything,
+    # though the tool still held the other request's mask for that image
+    editor.clear()
+    [plain] = w.generate()
+    assert doc.variant(plain).request["mask"] is None
+    run(loop, until(lambda: doc.variant(plain).status in (Status.DONE, Status.FAILED), 90,
+                    "the unmasked i2i"))
+    w.variants.select([vid])
+    run(loop, until(lambda: w.canvas.variant_id == vid, 10, "the masked result"))
+    w.branch_action.trigger()
+    run(loop, until(lambda: not editor.mask().is_empty(), 10, "the branched mask"))
+    w.variants.select([plain])
+    run(loop, until(lambda: w.canvas.variant_id == plain, 10, "the unmasked result"))
+    w.branch_action.trigger()
+    assert editor.mask().is_empty() and w.params.draft().mask is None
+    w.mask_link.store()  # what Generate does first: the old mask must not come back
+    assert w.params.draft().mask is None and w.params.parent_id == plain
+
     # leaving image-to-image mode drops the mask from the draft
     w.params.set_mode("t2i")
     assert not editor.is_available() and w.params.draft().mask is None
