@@ -7,8 +7,10 @@ shows); the export encodes it and the studio's storyboard playback shows it, so 
 
 Rules:
 
-* **Size and frame rate**: one for the whole film; by default the first shot's size and fps.
-  An image shot's fps is the fps field of its request (image requests carry one too).
+* **Size and frame rate**: one for the whole film; by default the first shot's size and the
+  first *video* shot's fps (a video editor's sequence takes its first clip's rate). An image
+  request's fps is a field the studio hides in image modes, so it sets the film's rate only
+  when there is no video shot at all.
 * **Letterboxing**: a shot of another size is scaled to fit inside the film's frame, aspect
   ratio kept (Lanczos), and centred on black bars; nothing is cropped or stretched.
 * **Trim**: a video shot uses source frames ``[in_frame, out_frame)`` (``out_frame`` None: to
@@ -169,6 +171,20 @@ class StoryboardPlan:
         return out
 
 
+def film_rate(clips: Sequence[tuple[int, float]]) -> float:
+    """The frame rate a sequence of clips plays at: the first video's, i.e. the first
+    ``(frame_count, fps)`` with more than one frame, else the first one's (stills alone). An
+    image request's fps is a field the studio hides in image modes, so it must not set the
+    rate of a film or a comparison that has a video in it.
+
+    Raises:
+        ValueError: ``clips`` is empty.
+    """
+    if not clips:
+        raise ValueError("clips: expected at least one (frame_count, fps)")
+    return float(next((fps for count, fps in clips if count > 1), clips[0][1]))
+
+
 def plan_storyboard(
     shots: Sequence[StoryboardShot],
     *,
@@ -179,7 +195,8 @@ def plan_storyboard(
     """The film of ``shots`` (see :class:`StoryboardPlan`).
 
     Args:
-        width, height, fps: the film's size and rate (default: the first shot's); odd sides
+        width, height, fps: the film's size and rate (default: the first shot's size and the
+            first video shot's fps, or the first shot's without a video shot); odd sides
             are rounded up to even.
     Raises:
         ValueError: no shots, a shot without frames, or a bad size or fps.
@@ -193,7 +210,7 @@ def plan_storyboard(
     first = shots[0]
     width = width or int(first.frames.shape[2])
     height = height or int(first.frames.shape[1])
-    fps = float(fps or first.fps)
+    fps = float(fps or film_rate([(len(s.frames), s.fps) for s in shots]))
     if width < 2 or height < 2:
         raise ValueError(f"size: {width}x{height} is too small")
     width, height = width + width % 2, height + height % 2
@@ -214,7 +231,7 @@ def render_storyboard(
     (the frames of :func:`plan_storyboard`).
 
     Args:
-        width, height, fps: the film's size and rate (default: the first shot's).
+        width, height, fps: the film's size and rate (default: as :func:`plan_storyboard`).
         progress: called with (frames written, total frames) now and then.
     Raises:
         ValueError: no shots, a shot without frames, or a bad size or fps.

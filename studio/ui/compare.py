@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.document import Document, Status
+from studio.store.storyboard import film_rate
 from studio.ui.background import difference_heatmap, to_qimage
 from studio.ui.image_view import FramePlayer, ImageView, PlayerControls
 from studio.ui.media_cache import MediaCache
@@ -208,14 +209,18 @@ class CompareView(QWidget):
         if vid not in self._ids:
             return
         if frames is None:
-            self.message.emit(f"Cannot read the result of {variant_label(self._doc.variant(vid))}",
-                              True)
+            name = (variant_label(self._doc.variant(vid)) if self._doc.has_variant(vid)
+                    else "a variant that was removed")
+            self.message.emit(f"Cannot read the result of {name}", True)
             return
         self._frames[vid] = frames
         if self.is_loaded():
-            first = self._doc.variant(self._ids[0]).request
+            shown = [v for v in self._ids if self._doc.has_variant(v)]
+            fps = film_rate([(len(self._frames[v]),
+                              float(self._doc.variant(v).request.get("fps") or 16.0))
+                             for v in shown]) if shown else 16.0
             count = max(len(f) for f in self._frames.values())
-            self.player.set_source(count, float(first.get("fps") or 16.0))
+            self.player.set_source(count, fps)
             self.controls.refresh()
             self._render()
 

@@ -86,9 +86,10 @@ async def export_contact_sheet(document: Document, media: MediaCache, background
     Raises:
         ExportError: none of the variants has a result, or the file cannot be written.
     """
+    # the variants as they are now (one deleted during a read below is still on the sheet)
+    variants = [document.variant(vid) for vid in variant_ids if document.has_variant(vid)]
     items = []
-    for vid in variant_ids:
-        v = document.variant(vid)
+    for v in variants:
         if v.status != Status.DONE or not v.artifacts:
             continue
         try:

@@ -3,8 +3,8 @@
 The timeline's Play button (:attr:`TimelinePanel.playRequested
 <studio.ui.timeline.TimelinePanel.playRequested>`) gathers the shots' frames, plans the film
 with :func:`~studio.store.storyboard.plan_storyboard` (the frame selection the MP4 export
-encodes: film size and fps of the first shot, trims, image durations, nearest-frame rate
-conversion, letterboxing) and shows it in the canvas, whose player runs it at the film's fps
+encodes: film size of the first shot and fps of the first video shot, trims, image
+durations, nearest-frame rate conversion, letterboxing) and shows it in the canvas, whose player runs it at the film's fps
 on a clock. Editing the timeline meanwhile re-plans the film in place; Stop, or selecting a
 variant, goes back to the variant.
 """

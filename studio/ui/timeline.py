@@ -452,9 +452,11 @@ class TimelinePanel(QWidget):
         if not shots:
             self.message.emit("The timeline is empty: add variants to it first.", True)
             return None
+        # the variants as they are now: one deleted during an await below (reading a long
+        # clip) must not end the export with an unknown id
+        variants = [self._doc.variant(shot.variant_id) for shot in shots]
         items = []
-        for n, shot in enumerate(shots, 1):
-            v = self._doc.variant(shot.variant_id)
+        for n, (shot, v) in enumerate(zip(shots, variants, strict=True), 1):
             if v.status != Status.DONE or not v.artifacts:
                 self.message.emit(f"Shot {n} ({variant_label(v)}) has no result yet "
                                   f"({v.status}).", True)
@@ -477,7 +479,15 @@ class TimelinePanel(QWidget):
         if path:
             if not path.lower().endswith(".mp4"):
                 path += ".mp4"
-            asyncio.ensure_future(self.export_mp4(path))
+            task = asyncio.ensure_future(self.export_mp4(path))
+            task.add_done_callback(self._report_failure)
+
+    def _report_failure(self, task: asyncio.Future) -> None:
+        """Says an unexpected export failure to the user (it would only reach the log)."""
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            log.error("storyboard export failed", exc_info=exc)
+            self.message.emit(f"Export failed: {exc}", True)
 
     async def export_mp4(self, path: str | Path) -> StoryboardResult | None:
         """Renders the storyboard to ``path``; reports problems through :attr:`message`."""

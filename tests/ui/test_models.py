@@ -182,6 +182,20 @@ def test_storyboard_rules():
     np.testing.assert_array_equal(film.frame(1), letterbox(np.asarray(video[1]), 4, 4))
     assert film.frame(3) is not first  # after another shot's frame: made again, equal
     np.testing.assert_array_equal(film.frame(3), first)
+    # the film's rate is the first video shot's: an image request's fps is a hidden field
+    # (an 8 fps still first must not drop two of every three frames of the 24 fps clips)
+    film = plan_storyboard([StoryboardShot(wide[None], 8.0), StoryboardShot(video, fps=24.0),
+                            StoryboardShot(video, fps=12.0)])
+    assert film.fps == 24.0 and (film.width, film.height) == (8, 2)
+    assert film.indices[1] == tuple(range(8)) and film.indices[2] == tuple(
+        i for i in range(8) for _ in range(2))
+    assert plan_storyboard([StoryboardShot(wide[None], 8.0)]).fps == 8.0  # stills alone
+    from studio.store.storyboard import film_rate  # compare plays at the same rate
+
+    assert film_rate([(1, 8.0), (9, 24.0), (9, 12.0)]) == 24.0
+    assert film_rate([(1, 8.0), (1, 30.0)]) == 8.0
+    with pytest.raises(ValueError, match="clips"):
+        film_rate([])
 
 
 def test_pixels_round_trip_and_difference_map():

@@ -86,6 +86,26 @@ def test_play_storyboard_shows_the_exported_frames(tmp_path, loop, make_window):
     result = run(loop, w.timeline.export_mp4(tmp_path / "storyboard.mp4"))
     assert result is not None and result.num_frames == len(shown) and result.fps == film.fps
 
+    # a variant deleted while the export reads an earlier shot: the export ends as planned
+    # (it used to fail with an unknown id, and only the log heard of it)
+    media, load = w.timeline._media, w.timeline._media.load_frames
+
+    async def load_then_delete(media_id):
+        frames = await load(media_id)
+        if doc.has_variant(fast):
+            w.delete_variants([fast])
+        return frames
+
+    media.load_frames = load_then_delete
+    try:
+        again = run(loop, w.timeline.export_mp4(tmp_path / "again.mp4"))
+    finally:
+        del media.load_frames
+    assert not doc.has_variant(fast) and len(doc.shots()) == 2
+    assert again is not None and again.num_frames == result.num_frames
+    w.undo_action.trigger()
+    assert doc.has_variant(fast) and len(doc.shots()) == 3
+
     # a slow event loop skips frames instead of slowing down: 0.5 s later is frame 4
     player.seek(0)
     shown.clear()
