@@ -228,7 +228,9 @@ class Canvas(QWidget):
                                  f"{film.fps:g} fps")
 
     def _on_preview(self, variant_id: str) -> None:
-        if variant_id == self._vid and self._mode == VARIANT:
+        if variant_id == self._vid and self._mode == VARIANT and \
+                self._doc.has_variant(variant_id) and \
+                self._doc.variant(variant_id).status in PENDING:  # never over a result
             preview = self._controller.preview(variant_id)
             if preview is not None:
                 self.view.set_image(to_qimage(preview))

@@ -371,7 +371,10 @@ class StudioController(QObject):
             asyncio.ensure_future(self._restart())
             return
         doc = self.document
-        vid = next((v for v in doc.queue() if doc.variant(v).status == Status.QUEUED), None)
+        # a variant whose result is being written is not run again: an undo and redo while
+        # the save was in flight brings it back queued, and the save then finishes it
+        vid = next((v for v in doc.queue()
+                    if doc.variant(v).status == Status.QUEUED and v not in self._saving), None)
         if vid is None:
             return
         try:

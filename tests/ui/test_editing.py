@@ -169,6 +169,48 @@ def test_undo_and_cancel_stop_running_jobs_and_failures_keep_the_studio_up(
     run(loop, until(lambda: doc.variant(slow).status == Status.CANCELLED, 60, "cancelled"))
 
 
+def test_undo_and_redo_while_the_result_is_written_runs_no_second_job(
+        tmp_path, loop, make_window, monkeypatch):
+    """Undo, then redo, of a Generate whose result is still being written: the variant comes
+    back queued, and the save in flight finishes it. It used to be run again as a new job,
+    whose previews painted over the result the save had put there."""
+    import asyncio
+    import threading
+
+    project = Project.create(tmp_path / "project")
+    w = make_window(project)
+    doc = project.document
+    c = w.controller
+    fill_prompt(w, "a red circle on grass")
+    fast_image_settings(w)
+    writing, release = threading.Event(), threading.Event()
+    stage_image = project.media.stage_image
+
+    def slow_stage(*args, **kwargs):  # a slow disk: the save waits until the test says
+        writing.set()
+        release.wait(30)
+        return stage_image(*args, **kwargs)
+
+    monkeypatch.setattr(project.media, "stage_image", slow_stage)
+    submitted = []
+    submit = c._submit
+    monkeypatch.setattr(c, "_submit", lambda job, *a: (submitted.append(job.variant_id),
+                                                        submit(job, *a)))
+    [vid] = w.generate()
+    try:
+        run(loop, until(writing.is_set, 90, "the result being written"))
+        w.undo_action.trigger()
+        assert not doc.has_variant(vid)
+        w.redo_action.trigger()
+        assert doc.variant(vid).status == Status.QUEUED
+        run(loop, asyncio.sleep(0.3))  # the dispatcher's turn (a zero timer) comes and goes
+        assert submitted == [vid] and c._current is None  # not run a second time
+    finally:
+        release.set()
+    run(loop, until(lambda: doc.variant(vid).status == Status.DONE, 30, "the saved result"))
+    assert submitted == [vid] and doc.variant(vid).artifacts
+
+
 def test_modes_a_model_cannot_run_are_disabled(qtbot):
     from pathlib import Path
 
