@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -28,11 +29,17 @@ Error = Callable[[BaseException], None]
 class Background(QObject):
     """Thread pools whose results come back on the GUI thread.
 
-    Two lanes: the quick lane (``workers`` threads) for work the user waits on within a
-    second or so (saving a result, thumbnails, frames to show, input images); the slow lane
-    (``slow_workers`` threads) for long jobs (hashing a model's weights, which takes minutes
-    for a 30 GB checkpoint; MP4 and storyboard exports; the media sweep), so that a long job
-    never queues a result or a thumbnail behind it.
+    Three lanes:
+
+    * the quick lane (``workers`` threads) for work the user waits on within a second or so
+      (saving a result, thumbnails, frames to show, input images);
+    * the slow lane (``slow_workers`` threads) for long jobs the user waits on (MP4 and
+      storyboard exports, the media sweep), so that a long job never queues a result or a
+      thumbnail behind it;
+    * ``detached``: a daemon thread of its own per call, for long read-only work the studio
+      may abandon when it closes (hashing a model's weights: minutes for a 30 GB
+      checkpoint). It queues nothing behind it, and closing the window does not wait for it
+      (pool threads are joined at interpreter exit; a daemon thread is not).
 
     Args:
         workers: threads in the quick lane.
@@ -53,12 +60,16 @@ class Background(QObject):
 
     def submit(
         self, fn: Callable[..., Any], *args: Any, on_done: Done | None = None,
-        on_error: Error | None = None, slow: bool = False,
+        on_error: Error | None = None, slow: bool = False, detached: bool = False,
     ) -> concurrent.futures.Future:
-        """Runs ``fn(*args)`` on the quick lane (the slow lane when ``slow``); ``on_done
-        (result)`` or ``on_error(exc)`` follow on the GUI thread (errors without
-        ``on_error`` are logged)."""
-        future = (self._slow if slow else self._pool).submit(fn, *args)
+        """Runs ``fn(*args)`` on the quick lane (the slow lane when ``slow``; a daemon
+        thread of its own when ``detached``: only for work that writes nothing it could leave
+        half done); ``on_done(result)`` or ``on_error(exc)`` follow on the GUI thread
+        (errors without ``on_error`` are logged)."""
+        if detached:
+            future = self._detached(fn, args)
+        else:
+            future = (self._slow if slow else self._pool).submit(fn, *args)
 
         def finished(f: concurrent.futures.Future) -> None:
             if self._closed:
@@ -69,6 +80,23 @@ class Background(QObject):
                 pass
 
         future.add_done_callback(finished)
+        return future
+
+    @staticmethod
+    def _detached(fn: Callable[..., Any], args: tuple) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def work() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - delivered to on_error
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        threading.Thread(target=work, name="studio-ui-detached", daemon=True).start()
         return future
 
     async def call(self, fn: Callable[..., Any], *args: Any, slow: bool = False) -> Any:

@@ -53,7 +53,7 @@ def test_no_ui_stall_while_generating(tmp_path, loop, make_window):
 
 
 def test_a_long_job_does_not_queue_quick_work_behind_it(qtbot):
-    """Hashing a 30 GB model or exporting a long storyboard runs on the slow lane: results,
+    """Exporting a long storyboard or sweeping the media runs on the slow lane: results,
     thumbnails and input images (the quick lane) are not queued behind it, even when two
     long jobs are waiting."""
     import threading
@@ -64,14 +64,44 @@ def test_a_long_job_does_not_queue_quick_work_behind_it(qtbot):
     gate = threading.Event()
     started: list[str] = []
     try:
-        for name in ("hash", "export"):
+        for name in ("export", "sweep"):
             background.submit(lambda n=name: (started.append(n), gate.wait(30)), slow=True)
         got: list[int] = []
         for value in (1, 2, 3):  # more quick jobs than quick threads
             background.submit(lambda v=value: v, on_done=got.append)
         qtbot.waitUntil(lambda: sorted(got) == [1, 2, 3], timeout=5000)
-        qtbot.waitUntil(lambda: started == ["hash"], timeout=5000)
-        assert started == ["hash"]  # the second long job waits for the first, not the UI
+        qtbot.waitUntil(lambda: started == ["export"], timeout=5000)
+        assert started == ["export"]  # the second long job waits for the first, not the UI
+    finally:
+        gate.set()
+        background.shutdown()
+
+
+def test_hashing_weights_holds_up_neither_an_export_nor_the_exit(qtbot):
+    """Hashing a model's weights (minutes for 30 GB) runs detached, on a daemon thread of
+    its own: an export on the slow lane starts at once, and the interpreter's exit, which
+    joins every pool thread, does not wait for the hash."""
+    import threading
+
+    from studio.ui.background import Background
+
+    background = Background()
+    gate = threading.Event()
+    threads: list[threading.Thread] = []
+    hashed: list[str] = []
+    try:
+        background.submit(lambda: (threads.append(threading.current_thread()), gate.wait(30),
+                                   "f00d")[-1], on_done=hashed.append, detached=True)
+        exported: list[str] = []
+        background.submit(lambda: "mp4", on_done=exported.append, slow=True)
+        qtbot.waitUntil(lambda: exported == ["mp4"], timeout=5000)
+        assert threads and threads[0].daemon and threads[0].is_alive() and not hashed
+        gate.set()
+        qtbot.waitUntil(lambda: hashed == ["f00d"], timeout=5000)
+        errors: list[BaseException] = []
+        background.submit(lambda: 1 / 0, on_error=errors.append, detached=True)
+        qtbot.waitUntil(lambda: len(errors) == 1, timeout=5000)
+        assert isinstance(errors[0], ZeroDivisionError)
     finally:
         gate.set()
         background.shutdown()
