@@ -379,10 +379,14 @@ class MainWindow(QMainWindow):
             self.notify(f"Cannot generate yet: {problems}", True)
             return []
         parent = self.params.parent_id
-        if parent is not None and not self.document.has_variant(parent):
+        gone = parent is not None and not self.document.has_variant(parent)
+        if gone:
             self.params.set_parent(None)
             parent = None
         ids = self.controller.generate(requests, parent)
+        if gone:  # said, not done quietly: the user asked for branches of it
+            self.notify("The variant to branch from was deleted or undone: the new variants "
+                        "are new roots.", False)
         self.variants.select(ids[:1])
         self.canvas.show_variant(ids[0])
         return ids

@@ -169,6 +169,8 @@ class TimelineModel(RowsTableModel):
         live = self._live(index.row())
         if live is None:
             return flags
+        if not self._doc.variant(live[0].variant_id).artifacts:
+            return flags  # no result yet: whether it is a clip or a still is not known
         image = self.frame_count(live[0]) <= 1
         if (index.column() in (2, 3) and not image) or (index.column() == 4 and image):
             flags |= Qt.ItemFlag.ItemIsEditable
@@ -220,10 +222,17 @@ class TimelineModel(RowsTableModel):
             return False
         shot = live[0]
         sid = shot.id
+        count = self.frame_count(shot)
         try:
             if index.column() == 2:
+                if count > 1 and int(value) >= count:
+                    raise ValueError(f"in frame {int(value)} is past the clip's last frame "
+                                     f"({count - 1})")
                 self._doc.history.push(TrimShot(sid, int(value), shot.out_frame))
             elif index.column() == 3:
+                if count > 1 and int(value) > count:
+                    raise ValueError(f"out frame {int(value)} is past the clip's end "
+                                     f"({count} frames)")
                 self._doc.history.push(TrimShot(sid, shot.in_frame, int(value)))
             elif index.column() == 4:
                 self._doc.history.push(SetShotDuration(sid, float(value)))

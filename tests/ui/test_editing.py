@@ -210,6 +210,17 @@ def test_undo_and_redo_while_the_result_is_written_runs_no_second_job(
     run(loop, until(lambda: doc.variant(vid).status == Status.DONE, 30, "the saved result"))
     assert submitted == [vid] and doc.variant(vid).artifacts
 
+    # branching from it, then undoing it: Generate makes new roots, and says so
+    w.variants.select([vid])
+    w.branch_action.trigger()
+    assert w.params.parent_id == vid
+    w.undo_action.trigger()
+    assert not doc.has_variant(vid)
+    [root] = w.generate()
+    assert doc.variant(root).parent_id is None and w.params.parent_id is None
+    assert "new roots" in w.last_message[0]
+    run(loop, until(lambda: doc.variant(root).status == Status.DONE, 90, "the root"))
+
 
 def test_modes_a_model_cannot_run_are_disabled(qtbot):
     from pathlib import Path

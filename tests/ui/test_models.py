@@ -138,6 +138,44 @@ def test_models_follow_every_change_and_pass_the_model_tester(qapp, model_failur
     del testers
 
 
+def test_timeline_table_trims_stay_inside_the_clip(qapp):
+    """A trim typed in the table is checked against the clip's frames (the document alone
+    cannot: it does not know them); a shot whose variant has no result yet edits nothing."""
+    from PySide6.QtCore import QObject, Signal
+
+    class Media(QObject):  # the MediaCache calls the model makes
+        thumbnailReady = Signal(str)
+
+        def info(self, media_id):
+            return {"meta": {"shape": [9, 64, 64, 3]}}
+
+        def thumbnail(self, media_id):
+            return None
+
+    doc = Document()
+    timeline = TimelineModel(doc, Media())
+    clip, pending = AddVariant(req(1), "clip"), AddVariant(req(2), "pending")
+    doc.history.push(clip)
+    doc.history.push(pending)
+    doc.set_status(clip.variant_id, Status.RUNNING)
+    doc.finish(clip.variant_id, [Artifact(MEDIA, "video")])
+    shots = [AddShot(clip.variant_id), AddShot(pending.variant_id)]
+    for cmd in shots:
+        doc.history.push(cmd)
+    refused: list[str] = []
+    timeline.editRefused.connect(refused.append)
+    assert not timeline.setData(timeline.index(0, 2), 9)  # frames 0..8
+    assert not timeline.setData(timeline.index(0, 3), 10)
+    assert "in frame 9 is past the clip's last frame (8)" in refused[0]
+    assert "out frame 10 is past the clip's end (9 frames)" in refused[1]
+    assert timeline.setData(timeline.index(0, 2), 8) and timeline.setData(
+        timeline.index(0, 3), 9)
+    assert (doc.shot(shots[0].shot_id).in_frame, doc.shot(shots[0].shot_id).out_frame) == (8, 9)
+    editable = Qt.ItemFlag.ItemIsEditable
+    assert timeline.flags(timeline.index(0, 2)) & editable
+    assert not any(timeline.flags(timeline.index(1, c)) & editable for c in (2, 3, 4))
+
+
 def test_preset_sizes_snap_to_the_model():
     tiny = ModelCapabilities("tiny", "wan", frozenset({"t2i"}), spatial_multiple=16,
                              max_size=256, max_pixels=65536, default_width=64,
