@@ -23,6 +23,7 @@ The undo history is not saved: a reopened project starts with an empty history.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sqlite3
@@ -139,6 +140,19 @@ MIGRATIONS: tuple[Migration, ...] = (
                 variant_id TEXT PRIMARY KEY
                     REFERENCES variants (id) ON DELETE CASCADE DEFERRABLE INITIALLY DEFERRED,
                 position INTEGER NOT NULL
+            )""",
+        ),
+    ),
+    Migration(
+        2,
+        "draft",
+        (
+            # the settings panel's unsent request (one row): a crash keeps the prompt, the
+            # inputs and the branch the user was making
+            """CREATE TABLE draft (
+                id INTEGER PRIMARY KEY CHECK (id = 1),
+                state_json TEXT NOT NULL,
+                saved_at REAL NOT NULL
             )""",
         ),
     ),
@@ -516,12 +530,48 @@ class Project:
 
     # -- media lifetime ---------------------------------------------------------------------
     def referenced_media(self) -> set[str]:
-        """Media ids the saved project refers to: artifacts and every string in requests."""
+        """Media ids the saved project refers to: artifacts and every string in requests
+        and in the saved draft (its inputs and mask)."""
         conn = self.connection
         out = {r[0] for r in conn.execute("SELECT media_id FROM artifacts")}
         for (request_json,) in conn.execute("SELECT request_json FROM variants"):
             out |= json_strings(request_json)
+        for (state_json,) in conn.execute("SELECT state_json FROM draft"):
+            try:
+                out |= json_strings(state_json)
+            except ValueError:  # a damaged draft keeps nothing alive; it is not restored
+                pass
         return out
+
+    # -- the draft ---------------------------------------------------------------------------
+    def save_draft(self, state: dict[str, Any]) -> None:
+        """Saves the settings panel's unsent request (any JSON-able dict; one row, replaced
+        atomically), so a crash or a close keeps what the user was typing.
+
+        Raises:
+            ValueError: ``state`` is not JSON-able.
+            sqlite3.Error / OSError: the write failed (the previous draft stays).
+        """
+        try:
+            text = json.dumps(state, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"draft: not JSON-able ({exc})") from None
+        with self.transaction() as conn:
+            conn.execute("INSERT OR REPLACE INTO draft (id, state_json, saved_at) "
+                         "VALUES (1, ?, ?)", (text, time.time()))
+
+    def load_draft(self) -> dict[str, Any] | None:
+        """The draft saved by :meth:`save_draft`; None when there is none or it is not a
+        JSON object (a damaged row is logged and ignored: the draft is a convenience)."""
+        row = self.connection.execute("SELECT state_json FROM draft WHERE id = 1").fetchone()
+        if row is None:
+            return None
+        try:
+            state = json.loads(row[0])
+        except ValueError:
+            log.warning("project %s: the saved draft is not JSON; ignored", self.folder)
+            return None
+        return state if isinstance(state, dict) else None
 
     def collect_garbage(
         self, keep: Iterable[str] = frozenset(), *, orphan_grace_s: float = 3600.0

@@ -22,14 +22,16 @@ window starts and when it shuts down.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import sqlite3
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PySide6.QtCore import QSettings, Qt, Signal
+from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QCloseEvent, QGuiApplication, QImage, QShowEvent
 from PySide6.QtWidgets import (
     QApplication,
@@ -76,6 +78,9 @@ from studio.ui.timeline import TimelineModel, TimelinePanel
 from studio.ui.variants import VariantPanel, VariantTreeModel, variant_label
 
 log = logging.getLogger(__name__)
+
+#: the draft is saved in the project this long after the last edit (and at close)
+DRAFT_SAVE_DELAY_MS = 500
 
 INPUT_FIELDS = {"init_image": "init image", "first_frame": "first frame",
                 "references": "reference"}
@@ -154,6 +159,10 @@ class MainWindow(QMainWindow):
         create_menus(self)
         self._wire()
         self.params.set_models(self.registry.list(), self.registry.content_hash)
+        self._draft_timer = QTimer(self, singleShot=True, interval=DRAFT_SAVE_DELAY_MS)
+        self._draft_timer.timeout.connect(self.save_draft)
+        self._restore_draft()
+        self.params.draftChanged.connect(self._draft_timer.start)
         self._unsubscribe = self.document.subscribe(self._on_document)
         self._update_actions()
         self._update_queue_status()
@@ -228,6 +237,7 @@ class MainWindow(QMainWindow):
         """Stops the engine and the background work; the project stays open for the caller."""
         if self._shut:
             return
+        self.save_draft()
         self._shut = True
         for task in list(self._tasks):
             task.cancel()
@@ -255,6 +265,51 @@ class MainWindow(QMainWindow):
         self.settings.save_window_state(self.saveGeometry(), self.saveState())
         super().closeEvent(event)
         self.closed.emit()
+
+    # -- the draft --------------------------------------------------------------------------
+    def save_draft(self) -> None:
+        """Saves the settings panel's draft in the project: the request (prompt, settings,
+        inputs, mask), the seed lock and text, the batch size and the branch parent. Runs
+        :data:`DRAFT_SAVE_DELAY_MS` after the last edit and at shutdown; a failed write is
+        logged (the draft is a convenience; the variants are saved on their own)."""
+        self._draft_timer.stop()
+        if self._shut:
+            return
+        params = self.params
+        state = {"request": json.loads(params.draft().to_json()),
+                 "seed_locked": params.seed_lock.isChecked(),
+                 "seed_text": params.seed_edit.text(),
+                 "batch": params.batch_spin.value(),
+                 "parent_id": params.parent_id}
+        try:
+            self.project.save_draft(state)
+        except (OSError, sqlite3.Error, ValueError) as exc:
+            log.warning("saving the draft failed: %s", exc)
+
+    def _restore_draft(self) -> None:
+        """Puts the project's saved draft back in the settings panel (at open)."""
+        state = self.project.load_draft()
+        if not state:
+            return
+        try:
+            request = GenerationRequest.from_dict(state["request"])
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("the saved draft is not restored: %s", exc)
+            return
+        params = self.params
+        notes = params.set_from_request(request, self._ref_thumbnail)
+        params.seed_lock.setChecked(state.get("seed_locked") is True)
+        if isinstance(state.get("seed_text"), str):
+            params.seed_edit.setText(state["seed_text"])
+        if isinstance(state.get("batch"), int):
+            params.batch_spin.setValue(state["batch"])
+        parent = state.get("parent_id")
+        if isinstance(parent, str) and self.document.has_variant(parent):
+            params.set_parent(parent, variant_label(self.document.variant(parent)))
+        if request.mode == "i2i" and request.mask is not None:
+            self.mask_link.load(request.mask, "Restore the draft's mask")
+        if notes:
+            self.notify("The last draft is back; " + "; ".join(notes))
 
     # -- helpers ----------------------------------------------------------------------------
     def _guard(self, fn: Callable[[], Any]) -> Any:

@@ -626,3 +626,27 @@ def test_a_crafted_project_cannot_get_files_outside_it_moved_or_deleted(tmp_path
     assert photo.read_bytes() == b"holiday" and old_media.exists()
     assert secret.read_bytes() == b"private"
     assert not (folder / "home").exists()
+
+
+def test_the_draft_is_saved_replaced_and_keeps_its_inputs(tmp_path):
+    """The settings panel's unsent request: one row, replaced whole; its strings (input and
+    mask ids) count as references, so the garbage collector keeps their media; a damaged row
+    is ignored rather than failing the open."""
+    folder = tmp_path / "p"
+    with Project.create(folder) as project:
+        assert project.load_draft() is None
+        project.save_draft({"request": {"prompt": "a cat", "init_image": {"content_id": "ab"}},
+                            "batch": 2})
+        project.save_draft({"request": {"prompt": "a dog", "init_image": {"content_id": "cd"}},
+                            "batch": 3})
+        with pytest.raises(ValueError, match="draft"):
+            project.save_draft({"seed": float("nan")})
+    with Project.open(folder) as project:
+        assert project.load_draft() == {"request": {"prompt": "a dog",
+                                                    "init_image": {"content_id": "cd"}},
+                                        "batch": 3}
+        refs = project.referenced_media()
+        assert "cd" in refs and "ab" not in refs
+        with project.transaction() as conn:
+            conn.execute("UPDATE draft SET state_json = '{not json'")
+        assert project.load_draft() is None and "cd" not in project.referenced_media()

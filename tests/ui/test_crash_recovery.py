@@ -3,7 +3,8 @@
 A child process runs the real studio window (offscreen) with its real child-process engine,
 finishes a job, renames it, queues two more and kills itself with SIGKILL while the second
 denoises. The project must then hold the finished variant with its media and parameters, the
-rename, the interrupted job (retryable) and the queued one; SQLite's integrity check is "ok";
+rename, the interrupted job (retryable), the queued one and the unsent draft (prompt, init
+image, batch size, branch parent); SQLite's integrity check is "ok";
 the engine process must not outlive the studio; reopening runs the queued job and a retry.
 """
 
@@ -60,9 +61,24 @@ CHILD = textwrap.dedent('''
         [second] = w.generate()
         fast_image_settings(w)
         [third] = w.generate()
+        # an unsent draft: an imported init image, a prompt, a batch of 3, a branch parent
+        from pathlib import Path
+        from PIL import Image
+        init = Path(folder + "-init.png")
+        Image.new("RGB", (40, 24), (200, 30, 30)).save(init)
+        w.import_input(init, "init.png", "init_image")
+        while not w.params.init_slot.refs():
+            await asyncio.sleep(0.02)
+        w.params.prompt_edit.setPlainText("unsent: a blue star on sand")
+        w.params.batch_spin.setValue(3)
+        w.params.set_parent(first, "keeper")
+        while (project.load_draft() or {}).get("request", {}).get("prompt") != \
+                "unsent: a blue star on sand":
+            await asyncio.sleep(0.05)
         while not w.controller.progress(second):
             await asyncio.sleep(0.01)
         print(json.dumps({"first": first, "second": second, "third": third,
+                          "init": w.params.init_slot.refs()[0].content_id,
                           "engine_pid": w.controller.engine.worker.pid}), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -106,8 +122,15 @@ def test_sigkill_mid_generation_loses_nothing(tmp_path, loop, make_window):
     assert doc.variant(ids["third"]).status == Status.QUEUED
     assert doc.queue() == (ids["third"],)
 
-    # reopening runs the queued job; one click retries the interrupted one
+    # reopening brings the unsent draft back, its init image kept; it runs the queued job,
+    # and one click retries the interrupted one
     w = make_window(project)
+    assert w.params.prompt_edit.toPlainText() == "unsent: a blue star on sand"
+    assert w.params.mode() == "i2i" and w.params.batch_spin.value() == 3
+    assert [r.content_id for r in w.params.init_slot.refs()] == [ids["init"]]
+    assert w.params.parent_id == ids["first"]
+    run(loop, until(lambda: not w.collector.busy, 30, "the sweep at open"))
+    assert project.media.find_by_pixels(ids["init"]) is not None
     run(loop, until(lambda: doc.variant(ids["third"]).status == Status.DONE, 120, "job 3"))
     w.queue.select(ids["second"])
     assert w.queue.retry_button.isEnabled()
