@@ -11,6 +11,7 @@ frame what the export encodes.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,7 +52,7 @@ from studio.ui.background import Background
 from studio.ui.listsync import sync_rows
 from studio.ui.media_cache import MediaCache
 from studio.ui.table_model import RowsTableModel
-from studio.ui.variants import variant_label
+from studio.ui.variants import VARIANTS_MIME, variant_label
 
 log = logging.getLogger(__name__)
 
@@ -245,13 +246,10 @@ class TimelineModel(RowsTableModel):
         return True
 
     # -- drag and drop ----------------------------------------------------------------------
-    def supportedDropActions(self) -> Qt.DropAction:  # noqa: N802
-        """Qt override: rows move."""
-        return Qt.DropAction.MoveAction
-
     def mimeTypes(self) -> list[str]:  # noqa: N802
-        """Qt override."""
-        return [SHOT_MIME]
+        """Qt override: shots (moved within the table) and variants (dragged from the
+        variant tree: new shots)."""
+        return [SHOT_MIME, VARIANTS_MIME]
 
     def mimeData(self, indexes: Sequence[QModelIndex]) -> QMimeData:  # noqa: N802
         """Qt override: the dragged shot's id."""
@@ -263,21 +261,54 @@ class TimelineModel(RowsTableModel):
 
     def dropMimeData(self, data: QMimeData, action: Qt.DropAction, row: int,  # noqa: N802
                      column: int, parent: QModelIndex) -> bool:
-        """Qt override: a drop moves the shot (an undoable MoveShot); returns False so the
-        view removes nothing itself."""
+        """Qt override: a shot dropped moves (an undoable MoveShot); variants dropped from the
+        tree become shots there (one undo step); returns False so the view removes nothing
+        itself."""
+        if row < 0:
+            row = parent.row() if parent.isValid() else len(self._rows)
+        if data.hasFormat(VARIANTS_MIME):
+            self.add_variants_at(_variant_ids(data), row)
+            return False
         if action != Qt.DropAction.MoveAction or not data.hasFormat(SHOT_MIME):
             return False
         sid = bytes(data.data(SHOT_MIME).data()).decode()
         if sid not in self._rows:
             return False
-        if row < 0:
-            row = parent.row() if parent.isValid() else len(self._rows)
         source = self._rows.index(sid)
         target = row - 1 if row > source else row
         target = min(max(target, 0), len(self._rows) - 1)
         if target != source:
             self._doc.history.push(MoveShot(sid, target))
         return False
+
+
+    def add_variants_at(self, variant_ids: Sequence[str], row: int) -> list[str]:
+        """Inserts a shot per variant from ``row`` on (clamped to the table; one undo step);
+        variants that no longer exist are skipped. Returns the new shot ids."""
+        ids = []
+        index = min(max(row, 0), len(self._doc.shots()))
+        with self._doc.history.group("Add to timeline"):
+            for vid in variant_ids:
+                if not self._doc.has_variant(vid):
+                    continue
+                cmd = AddShot(vid, index=index)
+                self._doc.history.push(cmd)
+                ids.append(cmd.shot_id)
+                index += 1
+        return ids
+
+    def supportedDropActions(self) -> Qt.DropAction:  # noqa: N802
+        """Qt override: shots move, variants are copied in."""
+        return Qt.DropAction.MoveAction | Qt.DropAction.CopyAction
+
+
+def _variant_ids(data: QMimeData) -> list[str]:
+    """The variant ids of a variant-tree drag ([] for anything malformed)."""
+    try:
+        ids = json.loads(bytes(data.data(VARIANTS_MIME).data()).decode())
+    except (UnicodeDecodeError, ValueError):
+        return []
+    return [v for v in ids if isinstance(v, str)] if isinstance(ids, list) else []
 
 
 class TimelinePanel(QWidget):
@@ -310,7 +341,9 @@ class TimelinePanel(QWidget):
         self.view.setRootIsDecorated(False)
         self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.view.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.view.setDragDropMode(QAbstractItemView.DragDropMode.InternalMove)
+        # moves within the table, and variants dropped from the tree (DragDrop, not
+        # InternalMove, which refuses drops from other views)
+        self.view.setDragDropMode(QAbstractItemView.DragDropMode.DragDrop)
         self.view.setDefaultDropAction(Qt.DropAction.MoveAction)
         self.view.setDragEnabled(True)
         self.view.setAcceptDrops(True)

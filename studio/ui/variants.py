@@ -18,6 +18,7 @@ from typing import Any
 
 from PySide6.QtCore import (
     QAbstractItemModel,
+    QMimeData,
     QModelIndex,
     QObject,
     QPersistentModelIndex,
@@ -53,6 +54,8 @@ from studio.ui.media_cache import MediaCache
 
 VariantIdRole = Qt.ItemDataRole.UserRole + 1
 COLUMNS = ("Variant", "Status", "★")
+#: drag data of variants (a JSON list of ids), dropped on the timeline as shots
+VARIANTS_MIME = "application/x-diffusion-studio-variants"
 STATUS_COLORS = {
     Status.FAILED: QColor(224, 88, 79),
     Status.CANCELLED: QColor(150, 150, 150),
@@ -281,15 +284,32 @@ class VariantTreeModel(QAbstractItemModel):
         return None
 
     def flags(self, index: QModelIndex) -> Qt.ItemFlag:
-        """Qt override: names are editable, stars checkable."""
+        """Qt override: names are editable, stars checkable; rows drag (to the timeline)."""
         if not index.isValid():
             return Qt.ItemFlag.NoItemFlags
-        flags = Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
+        flags = (Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
+                 | Qt.ItemFlag.ItemIsDragEnabled)
         if index.column() == 0:
             flags |= Qt.ItemFlag.ItemIsEditable
         elif index.column() == 2:
             flags |= Qt.ItemFlag.ItemIsUserCheckable
         return flags
+
+    def mimeTypes(self) -> list[str]:  # noqa: N802
+        """Qt override."""
+        return [VARIANTS_MIME]
+
+    def mimeData(self, indexes: Sequence[QModelIndex]) -> QMimeData:  # noqa: N802
+        """Qt override: the dragged variants' ids (a JSON list, in tree order), which the
+        timeline takes as new shots."""
+        ids = list(dict.fromkeys(v for v in (self.variant_id(i) for i in indexes) if v))
+        data = QMimeData()
+        data.setData(VARIANTS_MIME, json.dumps(ids).encode())
+        return data
+
+    def supportedDragActions(self) -> Qt.DropAction:  # noqa: N802
+        """Qt override: a drag copies (the variant stays in the tree)."""
+        return Qt.DropAction.CopyAction
 
     def data(self, index: QModelIndex, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         """Qt override."""
@@ -376,6 +396,8 @@ class VariantPanel(QWidget):
         self.view = QTreeView()
         self.view.setModel(model)
         self.view.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
+        self.view.setDragEnabled(True)  # onto the timeline
+        self.view.setDragDropMode(QAbstractItemView.DragDropMode.DragOnly)
         self.view.setEditTriggers(QAbstractItemView.EditTrigger.EditKeyPressed
                                   | QAbstractItemView.EditTrigger.SelectedClicked)
         self.view.setIconSize(QSize(ICON_SIZE, ICON_SIZE))

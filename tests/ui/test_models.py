@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QModelIndex, Qt
+from PySide6.QtCore import QMimeData, QModelIndex, Qt
 from PySide6.QtTest import QAbstractItemModelTester
 
 from studio.core.capabilities import ModelCapabilities
@@ -29,7 +29,7 @@ from studio.ui.compare import differing_parameters
 from studio.ui.params import preset_size
 from studio.ui.queue_panel import QueueModel
 from studio.ui.timeline import SHOT_MIME, TimelineModel
-from studio.ui.variants import VariantTreeModel
+from studio.ui.variants import VARIANTS_MIME, VariantTreeModel
 
 MEDIA = "0" * 31 + "1"
 
@@ -174,6 +174,55 @@ def test_timeline_table_trims_stay_inside_the_clip(qapp):
     editable = Qt.ItemFlag.ItemIsEditable
     assert timeline.flags(timeline.index(0, 2)) & editable
     assert not any(timeline.flags(timeline.index(1, c)) & editable for c in (2, 3, 4))
+
+
+def test_variants_dragged_from_the_tree_drop_on_the_timeline_as_shots(qapp):
+    """Dragging variants from the tree onto the timeline table adds a shot per variant where
+    they are dropped (one undo step); the table still takes its own shots' moves."""
+    from PySide6.QtCore import QPoint
+    from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent
+    from PySide6.QtWidgets import QApplication
+
+    from studio.ui.background import Background
+    from studio.ui.timeline import TimelinePanel
+
+    doc = Document()
+    tree, timeline = VariantTreeModel(doc), TimelineModel(doc)
+    ids = []
+    for i in range(3):
+        cmd = AddVariant(req(i), f"v{i}", created_at=100 + i)
+        doc.history.push(cmd)
+        ids.append(cmd.variant_id)
+    first = AddShot(ids[0])
+    doc.history.push(first)
+    indexes = [tree.index_for(v) for v in (ids[2], ids[1])]
+    assert all(tree.flags(i) & Qt.ItemFlag.ItemIsDragEnabled for i in indexes)
+    mime = tree.mimeData(indexes)
+    depth = doc.history.index
+    assert not timeline.dropMimeData(mime, Qt.DropAction.CopyAction, 0, 0, QModelIndex())
+    assert [s.variant_id for s in doc.shots()] == [ids[2], ids[1], ids[0]]
+    assert doc.history.index == depth + 1  # one step
+    doc.history.undo()
+    assert [s.variant_id for s in doc.shots()] == [ids[0]]
+
+    # through the panel's real view: a drop below the rows appends (its drag-drop mode
+    # must take drops from another view; InternalMove refused them)
+    panel = TimelinePanel(timeline, doc, Background(), None)
+    panel.resize(400, 300)
+    viewport = panel.view.viewport()
+    at = QPoint(10, viewport.height() - 5)
+    copy, left = Qt.DropAction.CopyAction, Qt.MouseButton.LeftButton
+    none = Qt.KeyboardModifier.NoModifier
+    for event in (QDragEnterEvent(at, copy, mime, left, none),
+                  QDragMoveEvent(at, copy, mime, left, none),
+                  QDropEvent(at.toPointF(), copy, mime, left, none)):
+        QApplication.sendEvent(viewport, event)
+    assert [s.variant_id for s in doc.shots()] == [ids[0], ids[2], ids[1]]
+    broken = QMimeData()
+    broken.setData(VARIANTS_MIME, b"{not json")
+    assert not timeline.dropMimeData(broken, Qt.DropAction.CopyAction, 0, 0, QModelIndex())
+    assert len(doc.shots()) == 3
+    panel.deleteLater()
 
 
 def test_preset_sizes_snap_to_the_model():
