@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from bench.adherence import paired_report
-from bench.doc import DOC, write_block
+from bench.doc import DOC, weights_record, write_block
 
 ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED = ROOT / "assets" / "models" / "tiny-wan"
@@ -884,13 +884,15 @@ def main(argv: list[str]) -> int:
     name = (f"{time.strftime('%Y-%m-%d')}-cpu{steps_suffix(args.steps)}"
             f"{'-quick' if args.quick else ''}.json")
 
+    weights = weights_record(EMBEDDED)
+
     def save(partial: bool) -> dict:
         """The result so far, written atomically after each case (``partial`` until the
         last), so a run cut off keeps the cases it finished."""
         result = {"command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                   "seconds": round(time.time() - started, 1), "machine": platform.platform(),
                   "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
-                  "steps": args.steps, "partial": partial, "rows": rows}
+                  "steps": args.steps, "weights": weights, "partial": partial, "rows": rows}
         tmp_file = out / (name + ".tmp")
         tmp_file.write_text(json.dumps(result, indent=1, default=str))
         tmp_file.replace(out / name)

@@ -36,6 +36,27 @@ def write_block(name: str, body: str, heading: str, doc: Path = DOC) -> None:
     tmp.replace(doc)
 
 
+def weights_record(folder: Path | None = None) -> dict:
+    """Which weights a result was measured on: the model folder's ``training_step`` (from its
+    ``studio.json``) and the first 16 hex digits of the sha256 of its transformer's
+    safetensors, so a figure can be told stale when the shipped weights change. ``folder``:
+    the embedded default model when None. Missing pieces are None."""
+    import hashlib
+    import json
+
+    folder = folder or Path(__file__).resolve().parents[1] / "assets" / "models" / "tiny-wan"
+    try:
+        step = json.loads((folder / "studio.json").read_text()).get("training_step")
+    except (OSError, ValueError):
+        step = None
+    weights = folder / "transformer" / "diffusion_pytorch_model.safetensors"
+    try:
+        digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
+    except OSError:
+        digest = None
+    return {"model": str(folder.name), "training_step": step, "transformer_sha256": digest}
+
+
 def save_result(out: Path, result: dict) -> None:
     """Writes a benchmark's result JSON to ``out`` atomically (a sibling, then rename)."""
     import json

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from bench.cpu import EMBEDDED, ROOT, PeakRss, psnr_ssim
-from bench.doc import write_block
+from bench.doc import weights_record, write_block
 
 PROMPTS = ["a small red star in the top left corner on a grass background",
            "a large blue circle in the center on a sky background"]
@@ -101,7 +101,8 @@ def main(argv: list[str]) -> int:
     result = {"command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
               "device": str(device), "machine": platform.platform(),
               "torch_threads": torch.get_num_threads(),
-              "model": studio.get("description", ""), "rows": rows}
+              "model": studio.get("description", ""), "weights": weights_record(EMBEDDED),
+              "rows": rows}
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{time.strftime('%Y-%m-%d')}-precision-{device.type}.json"

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.doc import weights_record
 from studio.core.request import GenerationRequest
 from studio.engine.executor import runner_class
 from studio.engine.models.registry import ModelRegistry
@@ -59,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
             measure(args.model, 64, 9, args.runs, args.steps)]
     result = {"command": "python -m bench preview " + " ".join(argv or []),
               "date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or
-              platform.machine(), "torch_threads": torch.get_num_threads(), "rows": rows}
+              platform.machine(), "torch_threads": torch.get_num_threads(),
+              "weights": weights_record(), "rows": rows}
     out = Path(__file__).parent / "results" / f"{time.strftime('%Y-%m-%d')}-preview.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     for r in rows:

@@ -65,6 +65,10 @@ def test_another_schedule_length_and_the_cache_alone(tmp_path):
     [result_file] = tmp_path.glob("*-cpu-8steps-quick.json")
     result = json.loads(result_file.read_text())
     assert result["steps"] == 8 and result["partial"] is False
+    # the weights it was measured on, so a later reader can tell a stale figure
+    assert result["weights"]["model"] == "tiny-wan"
+    assert isinstance(result["weights"]["training_step"], int)
+    assert len(result["weights"]["transformer_sha256"]) == 16
     rows = result["rows"]
     assert rows[0]["method"] == "baseline" and rows[0]["full_denoiser_calls"] == 16.0
     assert not any("+" in r["method"] for r in rows)
