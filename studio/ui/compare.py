@@ -35,7 +35,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.core.document import Document, Status
+from studio.core.document import ChangeEvent, Document, Status
 from studio.store.storyboard import film_rate
 from studio.ui.background import difference_heatmap, to_qimage
 from studio.ui.image_view import FramePlayer, ImageView, PlayerControls
@@ -169,6 +169,46 @@ class CompareView(QWidget):
         self.actual_button.clicked.connect(lambda: self._active_views()[0].actual_size())
         self.wipe_slider.valueChanged.connect(lambda v: self.wipe_view.set_split(v / 1000))
         self.player.positionChanged.connect(self._render)
+        self.controls.refresh()
+        self._unsubscribe = document.subscribe(self._on_document)
+
+    def detach(self) -> None:
+        """Stops following the document."""
+        self._unsubscribe()
+
+    def _on_document(self, events: Sequence[ChangeEvent]) -> None:
+        """Follows the compared variants: a rename shows, and a variant deleted or undone
+        leaves the comparison (all of it when fewer than two are left)."""
+        if not self._ids or not any(set(e.ids) & set(self._ids) for e in events):
+            return
+        doc = self._doc
+        still = [v for v in self._ids if doc.has_variant(v)
+                 and doc.variant(v).status == Status.DONE and doc.variant(v).artifacts]
+        if len(still) < 2:
+            self.clear("The compared variants were deleted or undone: select two or more "
+                       "finished variants and choose Compare.")
+            return
+        if still != self._ids:
+            self._ids = still
+            self._frames = {v: f for v, f in self._frames.items() if v in still}
+            self._heat, self._heat_bytes = {}, 0
+        self._layout_grid()
+        self._fill_table()
+        self.title.setText(" vs ".join(variant_label(doc.variant(v)) for v in still))
+        self._render()
+
+    def clear(self, text: str = "Select 2 to 4 variants and choose Compare.") -> None:
+        """Compares nothing; shows ``text``."""
+        self.player.set_source(0, 16.0)
+        self._ids, self._frames = [], {}
+        self._heat, self._heat_bytes = {}, 0
+        self._layout_grid()
+        self.table.clear()
+        self.table.setRowCount(0)
+        self.table.setColumnCount(0)
+        for view in (*self.views, self.wipe_view, self.diff_view):
+            view.set_image(None)
+        self.title.setText(text)
         self.controls.refresh()
 
     # -- content ----------------------------------------------------------------------------

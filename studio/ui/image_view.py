@@ -65,6 +65,16 @@ class ViewTool:
         return 0.0
 
 
+def fit_rect(outer: QRectF, width: int, height: int) -> QRectF:
+    """The largest rectangle of ``width`` : ``height`` inside ``outer``, centred (a
+    letterbox); ``outer`` itself for an empty size."""
+    if width <= 0 or height <= 0 or outer.isEmpty():
+        return QRectF(outer)
+    scale = min(outer.width() / width, outer.height() / height)
+    w, h = width * scale, height * scale
+    return QRectF(outer.center().x() - w / 2, outer.center().y() - h / 2, w, h)
+
+
 class ImageView(QWidget):
     """Shows a QImage with zoom and pan; optionally a second image right of a wipe line.
 
@@ -237,7 +247,10 @@ class ImageView(QWidget):
                 x = rect.left() + rect.width() * self._split
                 p.save()
                 p.setClipRect(QRectF(x, rect.top(), rect.right() - x, rect.height()))
-                p.drawImage(rect, self._second)
+                # another aspect ratio is fitted inside, not stretched (the export letterboxes
+                # the same way)
+                p.drawImage(fit_rect(rect, self._second.width(), self._second.height()),
+                            self._second)
                 p.restore()
                 p.setPen(QPen(QColor(255, 255, 255), 2))
                 p.drawLine(QPointF(x, rect.top()), QPointF(x, rect.bottom()))

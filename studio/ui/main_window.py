@@ -245,7 +245,7 @@ class MainWindow(QMainWindow):
         await self.collector.aclose(final=True)  # the undo history goes with the window
         self._unsubscribe()
         for model in (self.variant_model, self.timeline_model, self.queue_model, self.canvas,
-                      self.playback):
+                      self.compare, self.playback):
             model.detach()
         self.background.shutdown()
 

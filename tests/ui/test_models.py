@@ -225,6 +225,20 @@ def test_variants_dragged_from_the_tree_drop_on_the_timeline_as_shots(qapp):
     panel.deleteLater()
 
 
+def test_wipe_fits_a_second_image_of_another_aspect_inside_the_first():
+    from PySide6.QtCore import QRectF
+
+    from studio.ui.image_view import fit_rect
+
+    outer = QRectF(10, 20, 200, 100)  # a 2:1 first image on screen
+    assert fit_rect(outer, 400, 200) == outer  # same aspect: the same place
+    tall = fit_rect(outer, 50, 100)  # 1:2 second image: 50 x 100, centred
+    assert (tall.x(), tall.y(), tall.width(), tall.height()) == (85, 20, 50, 100)
+    wide = fit_rect(outer, 400, 100)  # 4:1: full width, 50 high, centred
+    assert (wide.x(), wide.y(), wide.width(), wide.height()) == (10, 45, 200, 50)
+    assert fit_rect(outer, 0, 10) == outer
+
+
 def test_preset_sizes_snap_to_the_model():
     tiny = ModelCapabilities("tiny", "wan", frozenset({"t2i"}), spatial_multiple=16,
                              max_size=256, max_pixels=65536, default_width=64,

@@ -12,6 +12,7 @@ from PySide6.QtCore import QPointF, Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtTest import QAbstractItemModelTester
 
+from studio.core.commands import RenameVariant
 from studio.core.document import Status
 from studio.store.export import read_frames, read_metadata
 from studio.store.project import Project
@@ -122,6 +123,15 @@ def test_generate_branch_compare_timeline_export_and_reopen(tmp_path, loop, make
     heat = w.compare._difference()  # made once per frame pair, then reused (playback loops)
     assert w.compare._difference() is heat and len(w.compare._heat) == 1
     assert heat[1] == w.compare.stats
+    # it follows the document: a rename shows; a compared variant deleted ends a comparison
+    # of two (it used to stay on screen, and a late frame load of it crashed)
+    doc.history.push(RenameVariant(child, "blue one"))
+    assert "blue one" in w.compare.title.text() and w.compare.labels[1].text() == "blue one"
+    w.delete_variants([child])
+    assert w.compare.variant_ids == [] and "deleted or undone" in w.compare.title.text()
+    assert w.compare.diff_view.image() is None
+    w.undo_action.trigger()
+    assert doc.has_variant(child)
 
     # -- timeline: an image shot and a trimmed video shot, exported as one MP4 --------------
     w.variants.select([image, video])
