@@ -268,6 +268,44 @@ def _child_main(config: WorkerConfig, jobs, events, cancel_serial, parent_pid: i
         executor.execute(job, emit, lambda s=serial: cancel_serial.value == s)
 
 
+RESULT_DIR_PREFIX = "studio-results-"
+
+
+def remove_stale_result_dirs(root: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Removes the result folders (``studio-results-<pid>-*`` under the temporary folder,
+    or ``root``) of studios that are no longer running: a killed studio cannot remove its
+    own, and a finished job's frames (``.npy``, megabytes to gigabytes) would stay in /tmp.
+    Folders of live processes, other users' folders, links and names without a pid are left
+    alone. Returns the folders removed."""
+    import shutil
+
+    removed = []
+    base = Path(root if root is not None else tempfile.gettempdir())
+    try:
+        candidates = list(base.glob(f"{RESULT_DIR_PREFIX}*-*"))
+    except OSError:
+        return removed
+    for folder in candidates:
+        pid_text = folder.name[len(RESULT_DIR_PREFIX):].split("-", 1)[0]
+        if not (pid_text.isascii() and pid_text.isdigit()) or folder.is_symlink():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+            continue  # alive
+        except ProcessLookupError:
+            pass  # gone: its folder is stale
+        except (PermissionError, OverflowError, ValueError):
+            continue  # another user's process, or not a pid
+        try:
+            if folder.lstat().st_uid != os.getuid():
+                continue  # another user's folder (a shared /tmp)
+        except OSError:
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
 class ProcessWorker(Worker):
     """Runs jobs in a spawned child process (see the module docstring)."""
 
@@ -277,7 +315,10 @@ class ProcessWorker(Worker):
         self.config = config or WorkerConfig()
         self._ctx = mp.get_context("spawn")
         self._cancel = cancel_flag(self._ctx, -1)
-        self._result_dir = tempfile.mkdtemp(prefix="studio-results-")
+        remove_stale_result_dirs()
+        # the owner's pid in the name: a studio killed before close() leaves its folder,
+        # and the next one removes it (remove_stale_result_dirs)
+        self._result_dir = tempfile.mkdtemp(prefix=f"{RESULT_DIR_PREFIX}{os.getpid()}-")
         self._proc = None
         self._jobs = None
         self._events = None

@@ -130,3 +130,35 @@ def test_a_finished_channel_gives_its_messages_then_eof():
     assert receive(reader, 0.5) == ("event", 2)
     with pytest.raises(EOFError):
         receive(reader, 0.5)
+
+
+def test_result_folders_of_dead_studios_are_removed(tmp_path, monkeypatch):
+    """A studio killed before close() leaves its ``studio-results-<pid>-*`` folder (finished
+    frames as .npy) in /tmp; the next ProcessWorker removes it, and leaves alone a live
+    process's folder and names it cannot read a pid from."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from studio.engine.worker import ProcessWorker, remove_stale_result_dirs
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that has exited (and been reaped)
+    stale = tmp_path / f"studio-results-{gone.pid}-abc"
+    live = tmp_path / f"studio-results-{os.getpid()}-def"
+    odd = tmp_path / "studio-results-xyz-1"
+    for folder in (stale, live, odd):
+        folder.mkdir()
+        (folder / "0.npy").write_bytes(b"frames")
+    assert remove_stale_result_dirs(tmp_path) == [stale]
+    assert not stale.exists() and live.exists() and odd.exists()
+    stale.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    worker = ProcessWorker()  # its own folder, named by this pid; the stale one goes
+    try:
+        assert not stale.exists()
+        assert os.path.basename(worker._result_dir).startswith(f"studio-results-{os.getpid()}-")
+    finally:
+        worker.close()
+    assert not os.path.exists(worker._result_dir)
