@@ -48,6 +48,7 @@ from studio.engine.attention_config import (  # noqa: F401  (re-exported)
     attention_override,
 )
 from studio.engine.compile import count_outside_graph
+from studio.engine.hooks import remove_hook
 
 log = logging.getLogger(__name__)
 
@@ -329,5 +330,5 @@ def remove_attention(transformer: torch.nn.Module) -> None:
     """Back to PyTorch's SDPA (no-op when not routed)."""
     if getattr(transformer, "_studio_attention", None) is None:
         return
-    HookRegistry.check_if_exists_or_initialize(transformer).remove_hook(_HOOK, recurse=False)
+    remove_hook(transformer, _HOOK)  # the hooks put on after it keep working
     transformer._studio_attention = None

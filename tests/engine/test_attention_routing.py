@@ -83,6 +83,37 @@ def test_a_triton_build_error_falls_back_to_sdpa(monkeypatch):
         remove_attention(model)
 
 
+@pytest.mark.parametrize("signal", ["block", "output"])
+def test_taking_one_lever_off_keeps_the_others_and_leaves_stock(signal):
+    """diffusers' registry rewires cleanly only the hook registered last. Jobs swap levers
+    in a long-lived engine: routing on, the step cache put on after it, the routing taken
+    off (a later profile), then the cache. The cache must keep running once the routing is
+    gone, and with both gone the model must be stock to the bit. Before, taking the routing
+    off silently turned the cache off, and taking the cache off then put the routing back."""
+    from studio.engine.caching import StepCacheConfig, apply_step_cache, remove_step_cache
+
+    model = tiny_wan()
+    x, text = torch.randn(1, 4, 3, 6, 10), torch.randn(1, 7, 16)
+    want = call(model, x, text)
+    routed = apply_attention(model, AttentionConfig(kernel="flash"))
+    cache = apply_step_cache(model, StepCacheConfig(signal=signal, threshold=0.0))
+    call(model, x, text)
+    assert routed["flash"] == 4 and cache.calls == 1
+    remove_attention(model)
+    got = call(model, x, text, t=400.0)
+    assert routed["flash"] == 4  # the routing is off
+    assert cache.calls == 2  # and the cache still runs
+    torch.testing.assert_close(got, call_stock(x, text, t=400.0), atol=0, rtol=0)
+    remove_step_cache(model)
+    assert cache.calls == 2 and routed["flash"] == 4
+    torch.testing.assert_close(call(model, x, text), want, atol=0, rtol=0)
+    assert cache.calls == 2 and routed["flash"] == 4  # neither came back
+
+
+def call_stock(x, text, t):
+    return call(tiny_wan(), x, text, t=t)
+
+
 def test_sage_routing_is_close_to_sdpa():
     model = tiny_wan()
     x, text = torch.randn(1, 4, 3, 6, 10), torch.randn(1, 7, 16)

@@ -31,6 +31,7 @@ from diffusers.hooks.hooks import BaseState, StateManager
 
 from studio.engine.caching.forecast import forecast
 from studio.engine.caching.step_cache import TimestepReader
+from studio.engine.hooks import remove_hook
 
 _HOOK = "studio_cfg_reuse"
 
@@ -156,9 +157,7 @@ def apply_cfg_reuse(denoiser: torch.nn.Module, config: CfgReuseConfig) -> CfgReu
 
 def remove_cfg_reuse(denoiser: torch.nn.Module) -> None:
     """Removes guidance reuse (no-op when absent)."""
-    registry = HookRegistry.check_if_exists_or_initialize(denoiser)
-    if registry.get_hook(_HOOK) is not None:
-        registry.remove_hook(_HOOK, recurse=False)
+    remove_hook(denoiser, _HOOK)
     denoiser._studio_cfg_reuse = None
 
 

@@ -55,6 +55,8 @@ from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
 from diffusers.hooks.hooks import BaseState, CacheContext, StateManager
 
+from studio.engine.hooks import remove_hook
+
 _ROOT_HOOK = "studio_step_cache_root"
 _PROBE_HOOK = "studio_step_cache_probe"
 _BLOCK_HOOK = "studio_step_cache_block"
@@ -906,15 +908,6 @@ def _register_inside(registry: HookRegistry, hook: ModelHook, name: str) -> None
         registry.register_hook(outer, outer_name)
 
 
-def _remove_inside(registry: HookRegistry, name: str) -> None:
-    """Removes ``name`` from under the outer hooks, which stay in their order."""
-    peeled = _peel(registry)
-    registry.remove_hook(name, recurse=False)
-    for outer_name, outer in peeled:
-        if outer_name != name:
-            registry.register_hook(outer, outer_name)
-
-
 def apply_step_cache(transformer: torch.nn.Module, config: StepCacheConfig) -> StepCacheStats:
     """Installs the forecast step cache on a diffusers transformer (diffusers model hooks).
 
@@ -972,17 +965,14 @@ def remove_step_cache(transformer: torch.nn.Module) -> None:
             getattr(transformer, "_studio_unet_cache", False):  # the UNet cache's own
         return
     registry = HookRegistry.check_if_exists_or_initialize(transformer)
-    if isinstance(registry.get_hook(_ROOT_HOOK), _OutputForecastHook):
-        _remove_inside(registry, _ROOT_HOOK)
-        transformer._studio_step_cache = None
-        return
-    registry.remove_hook(_ROOT_HOOK, recurse=False)
+    output = isinstance(registry.get_hook(_ROOT_HOOK), _OutputForecastHook)
+    remove_hook(transformer, _ROOT_HOOK)  # the hooks outside it keep working, in order
     transformer._studio_step_cache = None
+    if output:
+        return
     for block in transformer_blocks(transformer):
-        reg = HookRegistry.check_if_exists_or_initialize(block)
         for name in (_PROBE_HOOK, _BLOCK_HOOK):
-            if reg.get_hook(name) is not None:
-                reg.remove_hook(name, recurse=False)
+            remove_hook(block, name)
 
 
 def reset_step_cache(transformer: torch.nn.Module) -> StepCacheStats | None:

@@ -29,6 +29,7 @@ from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import BaseState, CacheContext, StateManager
 
 from studio.engine.caching.step_cache import TimestepReader, transformer_blocks
+from studio.engine.hooks import remove_hook
 
 _ROOT = "studio_token_reuse_root"
 _LINEAR = "studio_token_reuse_linear"
@@ -240,9 +241,9 @@ def remove_token_reuse(transformer: torch.nn.Module) -> None:
     linears = getattr(transformer, "_studio_token_reuse_linears", None)
     if not linears:
         return
-    HookRegistry.check_if_exists_or_initialize(transformer).remove_hook(_ROOT, recurse=False)
+    remove_hook(transformer, _ROOT)  # the hooks outside it keep working, in order
     for linear in linears:
-        HookRegistry.check_if_exists_or_initialize(linear).remove_hook(_LINEAR, recurse=False)
+        remove_hook(linear, _LINEAR)
     transformer._studio_token_reuse = None
     transformer._studio_token_reuse_linears = None
 

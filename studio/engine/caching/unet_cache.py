@@ -30,6 +30,7 @@ from studio.engine.caching.step_cache import (
     _RootHook,
     _TrajectoryState,
 )
+from studio.engine.hooks import remove_hook
 
 _ROOT, _PROBE, _DEEP = "studio_unet_cache_root", "studio_unet_cache_probe", "studio_unet_cache_deep"
 
@@ -120,10 +121,9 @@ def remove_unet_cache(unet: torch.nn.Module) -> None:
     """Removes the hooks (no-op when none are installed)."""
     if not getattr(unet, "_studio_unet_cache", False):
         return
-    HookRegistry.check_if_exists_or_initialize(unet).remove_hook(_ROOT, recurse=False)
-    for block in [unet.down_blocks[0]]:
-        HookRegistry.check_if_exists_or_initialize(block).remove_hook(_PROBE, recurse=False)
+    remove_hook(unet, _ROOT)  # the hooks outside it keep working, in order
+    remove_hook(unet.down_blocks[0], _PROBE)
     for block in [*unet.down_blocks[1:], unet.mid_block, *unet.up_blocks[:-1]]:
-        HookRegistry.check_if_exists_or_initialize(block).remove_hook(_DEEP, recurse=False)
+        remove_hook(block, _DEEP)
     unet._studio_step_cache = None
     unet._studio_unet_cache = False

@@ -25,6 +25,8 @@ import torch.distributed as dist
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import BaseState, StateManager
 
+from studio.engine.hooks import remove_hook
+
 _HOOK = "studio_cfg_parallel"
 
 
@@ -142,6 +144,4 @@ def apply_cfg_parallel(denoiser: torch.nn.Module, group=None) -> CfgParallelHook
 
 def remove_cfg_parallel(denoiser: torch.nn.Module) -> None:
     """Removes the hook (no-op when absent)."""
-    registry = HookRegistry.check_if_exists_or_initialize(denoiser)
-    if registry.get_hook(_HOOK) is not None:
-        registry.remove_hook(_HOOK, recurse=False)
+    remove_hook(denoiser, _HOOK)
