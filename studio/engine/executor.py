@@ -9,6 +9,7 @@ family runner and turns every outcome into exactly one terminal event.
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import os
 import platform
@@ -152,6 +153,12 @@ def resolve_device(spec: str) -> torch.device:
     raise ValueError(f"device={spec!r}: must be auto, cpu, cuda or cuda:N")
 
 
+def _on_device(module: torch.nn.Module, device: torch.device) -> bool:
+    """Whether ``module``'s first parameter (or buffer) lies on ``device``'s kind of device."""
+    tensor = next(itertools.chain(module.parameters(), module.buffers()), None)
+    return tensor is not None and tensor.device.type == device.type
+
+
 def _rss_bytes() -> int:
     try:
         with open("/proc/self/statm") as fh:
@@ -191,34 +198,65 @@ class JobExecutor:
         _quiet_libraries()
 
     # -- memory -----------------------------------------------------------------------------
-    def budget_bytes(self) -> int:
+    def budget_bytes(self, runner: FamilyRunner | None = None) -> int:
         """The memory the engine may use on its device: the configured budget, or (0 =
-        automatic) what is free now plus what the loaded models already hold."""
+        automatic) what is free now plus what ``runner``'s own modules already hold there
+        (its job reuses that memory; other loaded models' weights stay where they are, and
+        weights offloaded to the CPU free nothing on the device)."""
         if self.memory_budget_bytes > 0:
             return self.memory_budget_bytes
         from studio.engine.memory import available_bytes, module_bytes
 
-        held = sum(module_bytes(m) for r in self.loaded.values()
-                   for m in r.base.components.values() if isinstance(m, torch.nn.Module))
+        held = 0
+        if runner is not None:
+            for m in runner.base.components.values():
+                if isinstance(m, torch.nn.Module) and _on_device(m, self.device):
+                    held += module_bytes(m)
         return available_bytes(self.device) + held
 
     def plan_memory(self, runner: FamilyRunner, request: GenerationRequest, after=None):
-        """Chooses and applies the memory plan for a job (see studio.engine.memory).
+        """Chooses and applies the memory plan for a job (see studio.engine.memory); returns
+        (the runner, the plan in force). The runner is a fresh load of the same model when
+        the offload changes (:class:`~studio.engine.pipelines.base.MemoryPlanChange`).
 
         Small jobs (a generous bound under half the budget) skip the traced estimate.
         Raises:
             NotEnoughMemory: nothing fits the budget (the message gives the numbers).
         """
         from studio.engine.memory import MemoryPlan, choose_plan, quick_bound
+        from studio.engine.pipelines.base import MemoryPlanChange
 
-        budget = self.budget_bytes()
+        budget = self.budget_bytes(runner)
         if after is None and quick_bound(runner, request) < budget // 2:
             plan = MemoryPlan("none", False, quick_bound(runner, request), budget)
         else:
             plan = choose_plan(runner.memory_estimate(request), budget, self.device.type,
                                after=after)
-        runner.apply_memory_plan(plan)
-        return plan
+        try:
+            return runner, runner.apply_memory_plan(plan)
+        except MemoryPlanChange as exc:
+            log.info("%s: loading %s again", exc, runner.entry.model_id)
+            runner = self.reload(runner)
+            return runner, runner.apply_memory_plan(plan)
+
+    def reload(self, runner: FamilyRunner) -> FamilyRunner:
+        """A fresh load of ``runner``'s model at its precision, in its place in
+        :attr:`loaded`; the old one's modules leave the device first (both never share it)."""
+        key = next((k for k, r in self.loaded.items() if r is runner), None)
+        entry, precision = getattr(runner, "load_args", (runner.entry, "as-loaded"))
+        if key is not None:
+            del self.loaded[key]
+        try:
+            runner.base.to("cpu")
+        except Exception:  # offload hooks may refuse; the references go below anyway
+            log.debug("moving the old pipeline off the device failed", exc_info=True)
+        runner.base = None
+        runner.pipes = {}
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        fresh, _ = self.runner_for(entry, precision)
+        return fresh
 
     # -- environment ------------------------------------------------------------------------
     def environment(self) -> EngineEnvironment:
@@ -267,6 +305,7 @@ class JobExecutor:
             for module in runner.denoisers():
                 note = apply_precision(module, precision, self.device)
             runner.precision_notes = [note]
+        runner.load_args = (entry, precision)  # for reload()
         if self.on_runner_loaded is not None:
             self.on_runner_loaded(runner)
         self.load_count += 1
@@ -350,7 +389,7 @@ class JobExecutor:
                 if is_cancelled():
                     raise JobCancelled(step)
 
-            plan = self.plan_memory(runner, request)
+            runner, plan = self.plan_memory(runner, request)
             try:
                 with torch.inference_mode():
                     out = runner.run(request, job.inputs, on_step)
@@ -360,7 +399,7 @@ class JobExecutor:
                 gc.collect()
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
-                plan = self.plan_memory(runner, request, after=plan)
+                runner, plan = self.plan_memory(runner, request, after=plan)
                 with torch.inference_mode():
                     out = runner.run(request, job.inputs, on_step)
                 out.notes.append("retried after running out of memory")

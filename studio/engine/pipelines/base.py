@@ -35,6 +35,11 @@ class JobCancelled(Exception):
 StepFn = Callable[[int, int, torch.Tensor], None]
 
 
+class MemoryPlanChange(RuntimeError):
+    """The loaded pipeline cannot take this offload in place (diffusers' offload hooks, and
+    our lever hooks wrapped by them, do not come off cleanly): load the model again."""
+
+
 @dataclass
 class RunOutput:
     """A runner's result.
@@ -402,20 +407,33 @@ class FamilyRunner:
                                         tuple(notes))
         return cache[key]
 
-    def apply_memory_plan(self, plan) -> None:
+    def apply_memory_plan(self, plan):
         """Applies a :class:`~studio.engine.memory.MemoryPlan` to the loaded pipeline (the
-        derived per-mode pipelines share its modules)."""
+        derived per-mode pipelines share its modules) and returns the plan in force.
+
+        Once offloading, a job that would fit all on the device keeps the offload (it frees
+        more than asked: slower, never failing; going back needs the model loaded again).
+
+        Raises:
+            MemoryPlanChange: another offload than the one in force (from none to one, or
+                between two): the caller loads the model again and applies it there.
+        """
+        from dataclasses import replace
+
         from studio.engine.memory import apply_plan
 
         current = getattr(self, "_memory_plan", None)
+        if current is not None and current.offload != "none" and plan.offload == "none":
+            plan = replace(plan, offload=current.offload)
         if current is not None and (current.offload, current.vae_tiling) == \
                 (plan.offload, plan.vae_tiling):
-            return
-        if current is not None and current.offload != "none" and plan.offload == "none":
-            raise RuntimeError("memory plan: cannot go back from offloading to all on device "
-                               "without reloading the model")
+            return plan
+        if current is not None and current.offload != plan.offload:
+            raise MemoryPlanChange(f"memory plan: from {current.offload} to {plan.offload} "
+                                   f"offload needs the model loaded again")
         apply_plan(self.base, plan, self.device)
         self._memory_plan = plan
+        return plan
 
     def decode_with_retry(self, decode: Callable[[], np.ndarray], notes: list[str]) -> np.ndarray:
         """Runs ``decode()`` (latents -> float frames, the latents kept by the caller); when
