@@ -255,3 +255,19 @@ def test_the_automatic_budget_counts_only_the_jobs_own_weights_on_the_device(tin
     # the other loaded model's weights are not free memory for this job
     assert executor.budget_bytes(a) == 10 * 2**30 + own
     assert executor.budget_bytes() == 10 * 2**30
+
+
+def test_an_unfinished_stage_clock_leaves_no_hook_behind():
+    """A cancelled or failed job never calls StageClock.finish(): the next job's clock on the
+    same denoiser removes the hook it left, so hooks do not pile up in a long-lived engine."""
+    from studio.engine.pipelines.base import StageClock
+
+    denoiser = torch.nn.Linear(2, 2)
+    for _ in range(3):
+        StageClock([denoiser, None])  # never finished
+    assert len(denoiser._forward_pre_hooks) == 1
+    clock = StageClock([denoiser])
+    denoiser(torch.zeros(1, 2))
+    assert clock.first_forward is not None
+    assert set(clock.finish()) == {"prepare", "denoise", "decode"}
+    assert len(denoiser._forward_pre_hooks) == 0

@@ -131,15 +131,23 @@ class StageClock:
     """Splits a pipeline call into prepare / denoise / decode by hooking the denoiser.
 
     ``prepare`` ends when the denoiser is first called, ``denoise`` ends at the last step
-    callback, ``decode`` is the rest of the call.
+    callback, ``decode`` is the rest of the call. A job that fails or is cancelled never
+    calls :meth:`finish`: the next clock on the same denoiser removes the hook it left.
     """
 
     def __init__(self, denoisers: list[torch.nn.Module]):
         self.start = time.perf_counter()
         self.first_forward: float | None = None
         self.last_step: float | None = None
-        self._handles = [m.register_forward_pre_hook(self._on_forward) for m in denoisers
-                         if m is not None]
+        self._handles = []
+        for m in denoisers:
+            if m is None:
+                continue
+            for handle in getattr(m, "_studio_clock_handles", ()):  # an unfinished clock's
+                handle.remove()
+            handle = m.register_forward_pre_hook(self._on_forward)
+            m._studio_clock_handles = [handle]
+            self._handles.append(handle)
 
     def _on_forward(self, _module, _args):
         if self.first_forward is None:
