@@ -264,11 +264,13 @@ def build_tiny_sd(folder: str | os.PathLike[str], *, variant: str = "sd15",
     return out
 
 
-def build_tiny_ltx(folder: str | os.PathLike[str], *, seed: int = 0) -> Path:
+def build_tiny_ltx(folder: str | os.PathLike[str], *, seed: int = 0,
+                   timestep_conditioning: bool = False) -> Path:
     """Builds and saves a tiny LTX-Video pipeline (``LTXPipeline``) with random weights:
     a T5 text encoder, an ``AutoencoderKLLTXVideo`` with LTX's own 32x spatial and 8x
     temporal compression (4 scaling stages of a few channels) and an
-    ``LTXVideoTransformer3DModel`` of two layers."""
+    ``LTXVideoTransformer3DModel`` of two layers. ``timestep_conditioning``: the VAE's
+    decoder takes a decode timestep, as LTX-Video 0.9.1 and later do."""
     from diffusers import (
         AutoencoderKLLTXVideo,
         FlowMatchEulerDiscreteScheduler,
@@ -285,7 +287,8 @@ def build_tiny_ltx(folder: str | os.PathLike[str], *, seed: int = 0) -> Path:
     vae = AutoencoderKLLTXVideo(
         latent_channels=8, block_out_channels=(8, 8, 8, 8),
         decoder_block_out_channels=(8, 8, 8, 8), layers_per_block=(1, 1, 1, 1, 1),
-        decoder_layers_per_block=(1, 1, 1, 1, 1)).eval()
+        decoder_layers_per_block=(1, 1, 1, 1, 1),
+        timestep_conditioning=timestep_conditioning).eval()
     transformer = LTXVideoTransformer3DModel(
         in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=16,
         cross_attention_dim=32, num_layers=2, caption_channels=32).eval()

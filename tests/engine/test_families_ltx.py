@@ -122,3 +122,33 @@ def test_every_profile_runs_and_the_cache_forecasts(ltx):
     for profile, frames in outputs.items():
         assert frames.shape == outputs["exact"].shape and np.isfinite(frames).all(), profile
     assert not np.array_equal(outputs["fast"], outputs["exact"])  # steps really were skipped
+
+
+def test_newer_ltx_vaes_load_and_keep_their_stated_compression(tmp_path):
+    """LTX-Video 0.9.1+ VAEs condition their decoder on a timestep (the preview fit and the
+    memory estimate decode without the pipeline, and passed none: a TypeError at load), and
+    0.9.5's says its compression (32, 8) outright, which its four scaling stages would read
+    as 64 and 16."""
+    from studio.engine.models.families import _ltx_caps
+
+    folder = build_tiny_ltx(tmp_path / "ltx", timestep_conditioning=True)
+    entry = ModelRegistry(include_hf_cache=False).resolve(str(folder))
+    runner = runner_class(entry.family)(entry, torch.device("cpu"), torch.float32)
+    assert runner.preview is not None
+    request = GenerationRequest(mode="t2v", model=str(folder), prompt="a cat", seed=1,
+                                steps=2, guidance_scale=3.0, width=64, height=64,
+                                num_frames=9)
+    assert "decode" in runner.memory_estimate(request).activations
+    assert not any("decode" in n for n in runner.memory_estimate(request).notes)
+
+    stated = tmp_path / "stated"
+    (stated / "vae").mkdir(parents=True)
+    (stated / "transformer").mkdir()
+    (stated / "vae" / "config.json").write_text(json.dumps({
+        "spatio_temporal_scaling": [True, True, True, True], "patch_size": 4,
+        "patch_size_t": 1, "spatial_compression_ratio": 32, "temporal_compression_ratio": 8}))
+    (stated / "transformer" / "config.json").write_text(json.dumps(
+        {"patch_size": 1, "num_layers": 28}))
+    caps = _ltx_caps(stated, {}, "ltx-0.9.5")
+    assert (caps.spatial_multiple, caps.frame_multiple) == (32, 8)
+    assert caps.default_width % 32 == 0 and (caps.default_frames - 1) % 8 == 0

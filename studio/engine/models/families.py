@@ -132,9 +132,12 @@ def _ltx_caps(folder: Path, index: dict, name: str) -> ModelCapabilities:
     vae = read_json(folder / "vae" / "config.json", name)
     tr = read_json(folder / "transformer" / "config.json", name)
     scaling = vae.get("spatio_temporal_scaling", [True, True, True, False])
-    patch = int(vae.get("patch_size", 4))
-    spatial = patch * 2 ** sum(bool(x) for x in scaling)
-    temporal = int(vae.get("patch_size_t", 1)) * 2 ** sum(bool(x) for x in scaling)
+    stages = 2 ** sum(bool(x) for x in scaling)
+    # the explicit ratios first, as diffusers reads them (LTX-Video 0.9.5's VAE has four
+    # scaling stages and says 32 and 8, not 64 and 16)
+    spatial = int(vae.get("spatial_compression_ratio") or int(vae.get("patch_size", 4)) * stages)
+    temporal = int(vae.get("temporal_compression_ratio")
+                   or int(vae.get("patch_size_t", 1)) * stages)
     multiple = spatial * int(tr.get("patch_size", 1))
     big = int(tr.get("num_layers", 1)) >= 20
     return ModelCapabilities(

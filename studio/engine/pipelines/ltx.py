@@ -27,6 +27,15 @@ from studio.engine.pipelines.base import (
 from studio.engine.preview import LatentPreview
 
 
+def _decode_timestep(vae, z: torch.Tensor) -> torch.Tensor | None:
+    """The decode timestep a timestep-conditioned LTX VAE (0.9.1 and later:
+    ``timestep_conditioning`` in its config) needs; None for the others. 0, as the pipeline's
+    default ``decode_timestep``: the latents are taken as clean (z: (B, C, F, h, w))."""
+    if not getattr(vae.config, "timestep_conditioning", False):
+        return None
+    return torch.zeros(z.shape[0], device=z.device, dtype=z.dtype)
+
+
 class LTXRunner(FamilyRunner):
     """Runs LTX-Video requests on one loaded model (LTX-2 shares the loading and previews:
     :class:`~studio.engine.pipelines.ltx2.LTX2Runner` names its own pipeline classes)."""
@@ -54,7 +63,7 @@ class LTXRunner(FamilyRunner):
         def decode(z: torch.Tensor) -> torch.Tensor:
             z = pipe._denormalize_latents(z, vae.latents_mean, vae.latents_std,
                                           vae.config.scaling_factor)
-            return vae.decode(z, return_dict=False)[0]
+            return vae.decode(z, _decode_timestep(vae, z), return_dict=False)[0]
 
         return LatentPreview.fit(decode, (int(vae.config.latent_channels), 1, 4, 4),
                                  self.spatial, device=self.device, dtype=vae.dtype)
@@ -127,5 +136,6 @@ class LTXRunner(FamilyRunner):
         return {
             "text_encode": ([base.text_encoder], lambda i: base.text_encoder(i), (ids,)),
             "denoise": ([tr], denoise, (hidden, text, mask)),
-            "decode": ([vae], lambda z: vae.decode(z, return_dict=False), (latents,)),
+            "decode": ([vae], lambda z: vae.decode(z, _decode_timestep(vae, z),
+                                                   return_dict=False), (latents,)),
         }
