@@ -39,6 +39,35 @@ def test_families_and_modes(tiny_models):
     assert wan.spatial_multiple == 16 and wan.frame_multiple == 4
 
 
+def test_wan22_ti2v_as_published_offers_image_to_video(tiny_models, tmp_path):
+    """Wan-AI/Wan2.2-TI2V-5B-Diffusers names WanPipeline with expand_timesteps (not the
+    image-to-video class): it does image-to-video all the same, at 24 fps, 121 frames and
+    1280 x 704 by default when full size."""
+    folder = copy(tiny_models["wan-ti2v"], tmp_path / "ti2v")
+    index = json.loads((folder / "model_index.json").read_text())
+    index["_class_name"] = "WanPipeline"
+    (folder / "model_index.json").write_text(json.dumps(index))
+    caps = ModelRegistry(include_hf_cache=False).resolve(str(folder)).capabilities
+    assert caps.modes == {"t2i", "t2v", "i2i", "i2v"}
+    config = json.loads((folder / "transformer" / "config.json").read_text())
+    (folder / "transformer" / "config.json").write_text(json.dumps(config | {"num_layers": 30}))
+    big = ModelRegistry(include_hf_cache=False).resolve(str(folder)).capabilities
+    assert (big.default_fps, big.default_frames, big.default_width, big.default_height) == \
+        (24.0, 121, 1280, 704)
+
+
+def test_a_model_folder_given_itself_lists_no_single_files(tiny_models, tmp_path):
+    """A model folder named directly in the settings: its top-level .safetensors (FLUX.1-dev
+    ships flux1-dev.safetensors and ae.safetensors there) are the model's own copies, not
+    single-file models to list beside it."""
+    folder = copy(tiny_models["flux"], tmp_path / "FLUX.1-dev")
+    weights = folder / "transformer" / "diffusion_pytorch_model.safetensors"
+    shutil.copy(weights, folder / "flux1-dev.safetensors")
+    ids = [e.model_id for e in ModelRegistry([folder], include_hf_cache=False).list()]
+    assert str(folder) in ids
+    assert not any("flux1-dev" in i for i in ids), ids
+
+
 def test_model_folders_and_hf_cache_layout(tiny_models, tmp_path, monkeypatch):
     folder = tmp_path / "models"
     copy(tiny_models["flux"], folder / "my-flux")

@@ -62,14 +62,18 @@ def _wan_caps(folder: Path, index: dict, name: str, extra: dict) -> ModelCapabil
         modes |= {"t2v", "t2i", "i2i"}
         if extra.get("reference_frames") == "append":
             modes.add("r2v")  # trained with a clean reference frame after the clip
-        if cls == "WanImageToVideoPipeline" and expand:
-            modes.add("i2v")  # Wan 2.2 TI2V: clean first-frame latents, zero timestep
+        if expand:
+            # Wan 2.2 TI2V: clean first-frame latents, zero timestep. Its folder says
+            # WanPipeline with expand_timesteps (Wan-AI/Wan2.2-TI2V-5B-Diffusers), and the
+            # runner derives the image-to-video pipeline over the same modules
+            modes.add("i2v")
     elif cls == "WanImageToVideoPipeline":
         modes.add("i2v")  # Wan 2.1 I2V: image latents and mask concatenated on channels
     if not modes:
         raise ModelError(f"Wan transformer with {in_ch} input channels and a VAE with "
                          f"{z_dim} latent channels is not a layout this studio runs")
     big = int(tr.get("num_layers", 1)) >= 20
+    ti2v = big and expand and in_ch == z_dim  # Wan 2.2 TI2V 5B: 24 fps, 121 frames, 720p
     multiple = spatial * int(patch[1])
     if cls == "WanImageToVideoPipeline":
         # its check_inputs wants sides divisible by 16 whatever the VAE and patch (a VAE
@@ -81,8 +85,10 @@ def _wan_caps(folder: Path, index: dict, name: str, extra: dict) -> ModelCapabil
         spatial_multiple=multiple, frame_multiple=temporal,
         min_size=multiple, max_size=1920 if big else 512,
         max_pixels=1280 * 720 if big else 512 * 512, max_frames=161 if big else 81,
-        default_width=832 if big else 64, default_height=480 if big else 64,
-        default_frames=81 if big else 9, default_fps=16.0, default_steps=50 if big else 20,
+        default_width=(1280 if ti2v else 832) if big else 64,
+        default_height=(704 if ti2v else 480) if big else 64,
+        default_frames=(121 if ti2v else 81) if big else 9,
+        default_fps=24.0 if ti2v else 16.0, default_steps=50 if big else 20,
         default_guidance=5.0, guidance_range=(1.0, 20.0), supports_mask="i2i" in modes,
         max_references=(3 if cls == "WanVACEPipeline" else 1) if "r2v" in modes else 0)
 

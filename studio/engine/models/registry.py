@@ -188,7 +188,11 @@ class ModelRegistry:
                                           error=f"cannot read folder: {exc.strerror}"))
                 continue
             if (folder / "model_index.json").exists():
-                subs = [folder]
+                # a model folder itself: its top-level .safetensors (FLUX.1-dev's
+                # flux1-dev.safetensors and ae.safetensors, LTX's checkpoints) are that
+                # model's original-format copies, not single-file models of their own
+                entries.append(self.inspect(folder, model_id=str(folder), source="folder"))
+                continue
             for sub in subs:
                 entries.append(self.inspect(sub, model_id=str(sub), source="folder"))
             try:
