@@ -269,3 +269,23 @@ def test_a_prompt_longer_than_the_text_encoder_reads_gets_a_note():
     assert notes == [["prompt: this model does not know \u201ccat\u201d; read as an unknown word",
                       "prompt: 42 tokens, but this model reads the first 32; the words after "
                       "\u201cred red red\u201d change nothing"], []]
+
+
+def test_flux_prompts_are_measured_against_its_t5_not_clip(tiny_models):
+    """FLUX.1 reads a prompt through CLIP (77 tokens) and T5 (max_sequence_length, 512 by
+    default): words past 77 still change the image, so only a prompt past T5's limit gets
+    the note (it used to be said of every prompt past 77 tokens)."""
+    from studio.engine.executor import runner_class
+
+    entry = ModelRegistry(include_hf_cache=False).resolve(str(tiny_models["flux"]))
+    runner = runner_class(entry.family)(entry, torch.device("cpu"), torch.float32)
+
+    def notes(words: int) -> list[str]:
+        request = GenerationRequest(mode="t2i", model=entry.model_id, prompt="red " * words,
+                                    steps=1, width=64, height=64, num_frames=1, seed=1,
+                                    guidance_scale=3.5)
+        return [n for n in runner.prompt_notes(request) if "tokens, but" in n]
+
+    assert notes(100) == []
+    [note] = notes(600)
+    assert "reads the first 512" in note

@@ -276,9 +276,8 @@ class FamilyRunner:
             more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
             notes.append(f"prompt: this model does not know {shown}{more}; read as an unknown "
                          f"word")
-        limit = self.entry.call_kwargs.get("max_sequence_length") or \
-            getattr(tokenizer, "model_max_length", None)
-        if not isinstance(limit, int) or limit <= 0 or limit > 100_000:
+        tokenizer, limit = self._longest_reader()
+        if tokenizer is None or not isinstance(limit, int) or limit <= 0 or limit > 100_000:
             return notes
         ids = tokenizer(request.prompt, truncation=False).input_ids
         if len(ids) <= limit:
@@ -287,6 +286,32 @@ class FamilyRunner:
         tail = " ".join(kept[-3:])
         return notes + [f"prompt: {len(ids)} tokens, but this model reads the first {limit}; "
                         f"the words after \u201c{tail}\u201d change nothing"]
+
+    def _longest_reader(self):
+        """(tokenizer, tokens it reads) of the text encoder that reads the most of a prompt.
+        ``max_sequence_length`` (the folder's studio.json, else the pipeline's own default)
+        is the limit of the last tokenizer (FLUX.1's ``tokenizer_2``, SD3's ``tokenizer_3``:
+        T5, 512 and 256 tokens; the only one of Wan, LTX and the embedded model); the others
+        read their tokenizer's maximum (CLIP: 77). Words past 77 still count in FLUX.1.
+        (None, None) without a tokenizer."""
+        base = getattr(self, "base", None)
+        names = [n for n in ("tokenizer", "tokenizer_2", "tokenizer_3")
+                 if getattr(base, n, None) is not None]
+        if not names:
+            return None, None
+        wanted = self.entry.call_kwargs.get("max_sequence_length")
+        if wanted is None:
+            param = inspect.signature(type(base).__call__).parameters.get("max_sequence_length")
+            wanted = param.default if param is not None else None
+        best, best_limit = None, 0
+        for name in names:
+            tok = getattr(base, name)
+            limit = getattr(tok, "model_max_length", None)
+            if name == names[-1] and isinstance(wanted, int) and wanted > 0:
+                limit = wanted
+            if isinstance(limit, int) and 0 < limit <= 100_000 and limit > best_limit:
+                best, best_limit = tok, limit
+        return (best, best_limit) if best is not None else (None, None)
 
     @staticmethod
     def _unknown_words(tokenizer, text: str) -> list[str]:
