@@ -188,3 +188,27 @@ def test_a_config_asking_for_weights_the_files_lack_is_named_at_load(tiny_models
     with pytest.raises(ModelError, match="transformer in .* does not match its config") as info:
         load_pipeline(DiffusionPipeline, entry, torch.float32)
     assert f"blocks.{config['num_layers'] - 1}." in str(info.value)
+
+
+def test_a_lora_file_in_a_model_folder_is_named_as_one(tmp_path):
+    """A LoRA's .safetensors (PEFT's lora_A/lora_B or kohya's lora_down/lora_up keys) is not
+    a denoiser: its entry says it is a LoRA and that LoRAs are not supported yet, instead of
+    finding no model of its layout."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    save_file({"transformer.blocks.0.attn1.to_q.lora_A.weight": torch.zeros(4, 16),
+               "transformer.blocks.0.attn1.to_q.lora_B.weight": torch.zeros(16, 4)},
+              str(folder / "style.safetensors"))
+    save_file({"lora_unet_down_blocks_0_attn1_to_q.lora_down.weight": torch.zeros(4, 16),
+               "lora_unet_down_blocks_0_attn1_to_q.lora_up.weight": torch.zeros(16, 4),
+               "lora_unet_down_blocks_0_attn1_to_q.alpha": torch.tensor(4.0)},
+              str(folder / "kohya.safetensors"))
+    entries = {Path(e.model_id).name: e for e in
+               ModelRegistry([folder], include_hf_cache=False).list()}
+    for name in ("style.safetensors", "kohya.safetensors"):
+        assert not entries[name].usable
+        assert entries[name].error.startswith("a LoRA (2 adapter weights), not a model: "
+                                              "LoRAs are not supported yet"), entries[name].error

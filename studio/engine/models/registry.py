@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -32,6 +33,9 @@ from studio.engine.models.folders import (
     weights_hash,
 )
 from studio.paths import ASSETS
+
+#: the key names of LoRA adapter weights (PEFT/diffusers, kohya): lora_A/B, lora_down/up
+LORA_KEY = re.compile(r"(^|[._])lora(_[AB]|_down|_up|\.down|\.up)([._]|$)")
 
 EMBEDDED_ID = "embedded"
 EMBEDDED_DIR = ASSETS / "models"
@@ -226,8 +230,13 @@ class ModelRegistry:
         mid = str(file)
         size = file.stat().st_size if file.exists() else 0
         try:
-            found = find_base(file, bases)
             header = read_header(file)
+            adapters = [k for k in header if LORA_KEY.search(k)]
+            if adapters and len(adapters) * 2 >= len(header):  # a LoRA, not a model
+                return ModelEntry(mid, file, source="single-file", size_bytes=size, error=(
+                    f"a LoRA ({len(adapters)} adapter weights), not a model: LoRAs are not "
+                    f"supported yet; keep the file out of the model folders to hide this entry"))
+            found = find_base(file, bases)
         except ModelError as exc:
             return ModelEntry(mid, file, source="single-file", size_bytes=size, error=str(exc))
         if found is None:
