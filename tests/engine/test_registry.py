@@ -212,3 +212,26 @@ def test_a_lora_file_in_a_model_folder_is_named_as_one(tmp_path):
         assert not entries[name].usable
         assert entries[name].error.startswith("a LoRA (2 adapter weights), not a model: "
                                               "LoRAs are not supported yet"), entries[name].error
+
+
+def test_a_folder_saved_as_the_fp16_variant_loads_it(tiny_models, tmp_path):
+    """A folder downloaded with variant="fp16" holds only *.fp16.safetensors: it is listed,
+    loaded with that variant, and renders; beside plain files, the variant copy counts in
+    neither the size nor the hash (diffusers loads the plain ones)."""
+    import torch
+
+    from studio.engine.executor import runner_class
+
+    reg = ModelRegistry(include_hf_cache=False)
+    folder = copy(tiny_models["flux"], tmp_path / "flux-fp16")
+    plain = reg.resolve(str(folder))
+    weights = folder / "transformer" / "diffusion_pytorch_model.safetensors"
+    shutil.copy(weights, weights.with_name("diffusion_pytorch_model.fp16.safetensors"))
+    both = ModelRegistry(include_hf_cache=False).resolve(str(folder))
+    assert both.variant is None and both.size_bytes == plain.size_bytes
+    assert reg.content_hash(both) == reg.content_hash(plain)
+    weights.unlink()  # only the variant left
+    entry = ModelRegistry(include_hf_cache=False).resolve(str(folder))
+    assert entry.usable and entry.variant == "fp16", entry.error
+    runner = runner_class(entry.family)(entry, torch.device("cpu"), torch.float32)
+    assert runner.base.transformer is not None

@@ -119,6 +119,10 @@ def component_weight_files(folder: Path, component: str) -> list[Path]:
                                  f"file in {sub}")
     else:
         out = [p for p in files if p.suffix == ".safetensors"]
+        plain = [p for p in out if not _is_variant(p)]
+        # diffusers loads the plain files when there are any (both sets would count twice
+        # in size and hash); a folder saved with variant="fp16" has only *.fp16.safetensors
+        out = plain or out
     if not out:
         if any(p.suffix in _PICKLE_SUFFIXES for p in files):
             raise ModelError(f"{sub} has only pickle weights (.bin/.pt); convert them to "
@@ -127,6 +131,25 @@ def component_weight_files(folder: Path, component: str) -> list[Path]:
     for p in out:
         check_safetensors(p)
     return out
+
+
+def _is_variant(path: Path) -> bool:
+    """Whether a weights file is a diffusers variant (``*.fp16.safetensors``; sharded:
+    ``*-00001-of-00002.fp16.safetensors``)."""
+    return path.name.endswith(VARIANT_SUFFIXES)
+
+
+VARIANT_SUFFIXES = (".fp16.safetensors", ".bf16.safetensors")
+
+
+def folder_variant(files: list[Path]) -> str | None:
+    """The variant to pass to ``from_pretrained`` (``"fp16"``, ``"bf16"``) when a component's
+    checked weights are variant files only (a folder saved with ``variant=...``); None when
+    every component has plain files."""
+    for p in files:
+        if _is_variant(p):
+            return p.name.rsplit(".", 2)[-2]
+    return None
 
 
 def check_folder(folder: Path) -> tuple[dict, list[Path]]:

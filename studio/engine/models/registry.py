@@ -29,10 +29,24 @@ from studio.engine.models.folders import (
     check_folder,
     check_safetensors,
     folder_size,
+    folder_variant,
     read_json,
     weights_hash,
 )
 from studio.paths import ASSETS
+
+
+def _files_size(files: list[Path]) -> int:
+    """Bytes of the weights files a folder loads (its other files and unused copies, such
+    as a second variant or the original-format checkpoints beside, do not count)."""
+    total = 0
+    for p in files:
+        try:
+            total += p.stat().st_size
+        except OSError:
+            pass
+    return total
+
 
 #: the key names of LoRA adapter weights (PEFT/diffusers, kohya): lora_A/B, lora_down/up
 LORA_KEY = re.compile(r"(^|[._])lora(_[AB]|_down|_up|\.down|\.up)([._]|$)")
@@ -89,6 +103,7 @@ class ModelEntry:
     denoiser_class: str = ""
     reference_encoder: str = ""
     reference_words: dict = field(default_factory=dict, compare=False)
+    variant: str | None = None
 
     @property
     def load_key(self) -> str:
@@ -271,8 +286,9 @@ class ModelRegistry:
         cls = str(index.get("_class_name", ""))
         family = family_of(cls)
         entry = ModelEntry(mid, folder, family=family, source=source,
-                           size_bytes=folder_size(folder), dtype=_stored_dtype(files),
-                           pipeline_class=cls, index=index)
+                           size_bytes=_files_size(files) or folder_size(folder),
+                           dtype=_stored_dtype(files),
+                           pipeline_class=cls, index=index, variant=folder_variant(files))
         studio_json = folder / "studio.json"
         extra = read_json(studio_json, mid) if studio_json.exists() else {}
         try:

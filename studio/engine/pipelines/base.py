@@ -75,8 +75,9 @@ def load_pipeline(cls: type, entry: ModelEntry, dtype: torch.dtype):
             entry.denoiser_file, Path(entry.path), entry.denoiser_subfolder,
             entry.denoiser_class, dtype)
     try:
+        variant = {"variant": entry.variant} if getattr(entry, "variant", None) else {}
         pipe = cls.from_pretrained(Path(entry.path), dtype=dtype, local_files_only=True,
-                                   use_safetensors=True, **parts)
+                                   use_safetensors=True, **variant, **parts)
     except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
         raise ModelError(f"model {entry.model_id}: cannot load {entry.path} "
                          f"({type(exc).__name__}: {str(exc)[:300]})") from exc
