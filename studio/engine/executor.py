@@ -306,6 +306,7 @@ class JobExecutor:
                 note = apply_precision(module, precision, self.device)
             runner.precision_notes = [note]
         runner.load_args = (entry, precision)  # for reload()
+        runner.load_s = time.perf_counter() - t0
         if self.on_runner_loaded is not None:
             self.on_runner_loaded(runner)
         self.load_count += 1
@@ -389,7 +390,10 @@ class JobExecutor:
                 if is_cancelled():
                     raise JobCancelled(step)
 
+            loaded = runner
             runner, plan = self.plan_memory(runner, request)
+            if runner is not loaded:  # loaded again for another offload: that load counts
+                load_s += getattr(runner, "load_s", 0.0)
             try:
                 with torch.inference_mode():
                     out = runner.run(request, job.inputs, on_step)
@@ -399,7 +403,10 @@ class JobExecutor:
                 gc.collect()
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
+                loaded = runner
                 runner, plan = self.plan_memory(runner, request, after=plan)
+                if runner is not loaded:
+                    load_s += getattr(runner, "load_s", 0.0)
                 with torch.inference_mode():
                     out = runner.run(request, job.inputs, on_step)
                 out.notes.append("retried after running out of memory")

@@ -259,14 +259,25 @@ def choose_plan(estimate: MemoryEstimate, budget_bytes: int, device_type: str = 
                           "a slower plan was already tried" if after is not None else "")
 
 
-def apply_plan(pipe, plan: MemoryPlan, device: torch.device) -> None:
-    """Puts a diffusers pipeline in ``plan``'s state (diffusers' own offload hooks)."""
+def set_vae_tiling(pipe, on: bool) -> None:
+    """Turns the pipeline's VAE tiling on or off (no-op for a VAE without it)."""
     vae = getattr(pipe, "vae", None)
     if vae is not None:
-        if plan.vae_tiling and hasattr(vae, "enable_tiling"):
+        if on and hasattr(vae, "enable_tiling"):
             vae.enable_tiling()
         elif hasattr(vae, "disable_tiling"):
             vae.disable_tiling()
+
+
+def apply_plan(pipe, plan: MemoryPlan, device: torch.device) -> None:
+    """Puts a freshly loaded diffusers pipeline in ``plan``'s state (diffusers' own offload
+    hooks). Once offloading, only the tiling may change (:func:`set_vae_tiling`): enabling an
+    offload again stacks its hooks.
+
+    Group offload runs without CUDA streams: with them diffusers' lazy-prefetch hook removes
+    itself from the middle of the denoiser's hook stack at the first call, which unwires the
+    step cache and attention hooks put on after the plan (a correct but slower choice)."""
+    set_vae_tiling(pipe, plan.vae_tiling)
     if plan.offload == "none":
         pipe.to(device)
     elif plan.offload == "model":
@@ -274,7 +285,7 @@ def apply_plan(pipe, plan: MemoryPlan, device: torch.device) -> None:
     elif plan.offload == "group":
         pipe.enable_group_offload(onload_device=device, offload_device=torch.device("cpu"),
                                   offload_type="block_level", num_blocks_per_group=1,
-                                  use_stream=device.type == "cuda")
+                                  use_stream=False)
     else:
         pipe.enable_sequential_cpu_offload(device=device)
 

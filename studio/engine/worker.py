@@ -271,13 +271,21 @@ def _child_main(config: WorkerConfig, jobs, events, cancel_serial, parent_pid: i
 RESULT_DIR_PREFIX = "studio-results-"
 
 
-def remove_stale_result_dirs(root: str | os.PathLike[str] | None = None) -> list[Path]:
+#: a dead owner's result folder is removed only once untouched this long: a studio in
+#: another pid namespace (a container or flatpak sharing /tmp) looks dead from here
+STALE_RESULT_DIR_S = 6 * 3600.0
+
+
+def remove_stale_result_dirs(root: str | os.PathLike[str] | None = None,
+                             min_age_s: float = STALE_RESULT_DIR_S) -> list[Path]:
     """Removes the result folders (``studio-results-<pid>-*`` under the temporary folder,
     or ``root``) of studios that are no longer running: a killed studio cannot remove its
     own, and a finished job's frames (``.npy``, megabytes to gigabytes) would stay in /tmp.
-    Folders of live processes, other users' folders, links and names without a pid are left
-    alone. Returns the folders removed."""
+    Folders of live processes, folders touched in the last ``min_age_s`` seconds, other
+    users' folders, links and names without a pid are left alone. Returns the folders
+    removed."""
     import shutil
+    import time
 
     removed = []
     base = Path(root if root is not None else tempfile.gettempdir())
@@ -297,10 +305,11 @@ def remove_stale_result_dirs(root: str | os.PathLike[str] | None = None) -> list
         except (PermissionError, OverflowError, ValueError):
             continue  # another user's process, or not a pid
         try:
-            if folder.lstat().st_uid != os.getuid():
-                continue  # another user's folder (a shared /tmp)
+            st = folder.lstat()
         except OSError:
             continue
+        if st.st_uid != os.getuid() or time.time() - st.st_mtime < min_age_s:
+            continue  # another user's folder (a shared /tmp), or one in use lately
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder)
     return removed

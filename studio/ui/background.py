@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -36,10 +37,11 @@ class Background(QObject):
     * the slow lane (``slow_workers`` threads) for long jobs the user waits on (MP4 and
       storyboard exports, the media sweep), so that a long job never queues a result or a
       thumbnail behind it;
-    * ``detached``: a daemon thread of its own per call, for long read-only work the studio
-      may abandon when it closes (hashing a model's weights: minutes for a 30 GB
-      checkpoint). It queues nothing behind it, and closing the window does not wait for it
-      (pool threads are joined at interpreter exit; a daemon thread is not).
+    * ``detached``: one daemon thread, jobs in turn, for long work the studio may abandon
+      when it closes (hashing a model's weights: minutes for a 30 GB checkpoint; its only
+      write is its cache file, replaced atomically). It queues nothing of the other lanes
+      behind it, and closing the window does not wait for it (pool threads are joined at
+      interpreter exit; a daemon thread is not).
 
     Args:
         workers: threads in the quick lane.
@@ -57,15 +59,16 @@ class Background(QObject):
         # submit() (a future that is already done runs its callback at once).
         self._finished.connect(self._deliver, Qt.ConnectionType.QueuedConnection)
         self._closed = False
+        self._detached_jobs: queue.SimpleQueue | None = None
 
     def submit(
         self, fn: Callable[..., Any], *args: Any, on_done: Done | None = None,
         on_error: Error | None = None, slow: bool = False, detached: bool = False,
     ) -> concurrent.futures.Future:
-        """Runs ``fn(*args)`` on the quick lane (the slow lane when ``slow``; a daemon
-        thread of its own when ``detached``: only for work that writes nothing it could leave
-        half done); ``on_done(result)`` or ``on_error(exc)`` follow on the GUI thread
-        (errors without ``on_error`` are logged)."""
+        """Runs ``fn(*args)`` on the quick lane (the slow lane when ``slow``; the detached
+        daemon thread when ``detached``: only for work that can stop anywhere without leaving
+        anything half written); ``on_done(result)`` or ``on_error(exc)`` follow on the GUI
+        thread (errors without ``on_error`` are logged)."""
         if detached:
             future = self._detached(fn, args)
         else:
@@ -82,22 +85,27 @@ class Background(QObject):
         future.add_done_callback(finished)
         return future
 
-    @staticmethod
-    def _detached(fn: Callable[..., Any], args: tuple) -> concurrent.futures.Future:
+    def _detached(self, fn: Callable[..., Any], args: tuple) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
+        if self._detached_jobs is None:  # one thread, jobs in turn (hashes read the disk)
+            self._detached_jobs = queue.SimpleQueue()
+            threading.Thread(target=self._run_detached, args=(self._detached_jobs,),
+                             name="studio-ui-detached", daemon=True).start()
+        self._detached_jobs.put((future, fn, args))
+        return future
 
-        def work() -> None:
+    @staticmethod
+    def _run_detached(jobs: queue.SimpleQueue) -> None:
+        while True:
+            future, fn, args = jobs.get()
             if not future.set_running_or_notify_cancel():
-                return
+                continue
             try:
                 result = fn(*args)
             except BaseException as exc:  # noqa: BLE001 - delivered to on_error
                 future.set_exception(exc)
             else:
                 future.set_result(result)
-
-        threading.Thread(target=work, name="studio-ui-detached", daemon=True).start()
-        return future
 
     async def call(self, fn: Callable[..., Any], *args: Any, slow: bool = False) -> Any:
         """``await``-able :meth:`submit` (needs the running asyncio loop)."""

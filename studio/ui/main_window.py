@@ -161,8 +161,13 @@ class MainWindow(QMainWindow):
         self.params.set_models(self.registry.list(), self.registry.content_hash)
         self._draft_timer = QTimer(self, singleShot=True, interval=DRAFT_SAVE_DELAY_MS)
         self._draft_timer.timeout.connect(self.save_draft)
-        self._restore_draft()
-        self.params.draftChanged.connect(self._draft_timer.start)
+        self._draft_edited = False  # saved only once edited: a draft restored in part
+        # (its model missing here) must not overwrite the whole one in the project
+        try:
+            self._restore_draft()
+        except Exception:  # a convenience: never keeps the window from opening
+            log.exception("restoring the saved draft failed")
+        self.params.draftChanged.connect(self._on_draft_edited)
         self._unsubscribe = self.document.subscribe(self._on_document)
         self._update_actions()
         self._update_queue_status()
@@ -267,13 +272,19 @@ class MainWindow(QMainWindow):
         self.closed.emit()
 
     # -- the draft --------------------------------------------------------------------------
+    def _on_draft_edited(self) -> None:
+        self._draft_edited = True
+        self._draft_timer.start()
+
     def save_draft(self) -> None:
         """Saves the settings panel's draft in the project: the request (prompt, settings,
         inputs, mask), the seed lock and text, the batch size and the branch parent. Runs
-        :data:`DRAFT_SAVE_DELAY_MS` after the last edit and at shutdown; a failed write is
-        logged (the draft is a convenience; the variants are saved on their own)."""
+        :data:`DRAFT_SAVE_DELAY_MS` after the last edit and at shutdown, once the user has
+        edited it (a draft restored without its model must not overwrite the saved one); a
+        failed write is logged (the draft is a convenience; the variants are saved on their
+        own)."""
         self._draft_timer.stop()
-        if self._shut:
+        if self._shut or not self._draft_edited:
             return
         params = self.params
         state = {"request": json.loads(params.draft().to_json()),
@@ -285,6 +296,8 @@ class MainWindow(QMainWindow):
             self.project.save_draft(state)
         except (OSError, sqlite3.Error, ValueError) as exc:
             log.warning("saving the draft failed: %s", exc)
+        else:
+            self._draft_edited = False
 
     def _restore_draft(self) -> None:
         """Puts the project's saved draft back in the settings panel (at open)."""

@@ -333,7 +333,7 @@ class ParamsPanel(QWidget):
 
         self._bg.submit(self._hash_fn, entry, on_done=done,  # minutes for 30 GB of weights
                         on_error=lambda exc: self._hashes.pop(entry.model_id, None),
-                        detached=True)  # read-only: a close does not wait for it
+                        detached=True)  # a close does not wait for it
 
     def model_hash(self) -> str:
         """The selected model's content hash ("" while it is computed)."""

@@ -219,12 +219,13 @@ def test_a_job_after_an_offloaded_one_keeps_the_offload_or_loads_again(tiny_mode
 
     folder = tiny_models["wan-t2v"]
     executor = JobExecutor(ModelRegistry(include_hf_cache=False), torch.device("cpu"))
-    applied, wanted = [], iter(["model", "group"])
+    applied = []
+    wanted = iter([("model", False), ("group", False), ("none", False), ("group", True)])
     monkeypatch.setattr(memory, "apply_plan", lambda pipe, plan, device: applied.append(
         (id(pipe), plan.offload)))
     monkeypatch.setattr(memory, "quick_bound", lambda runner, request: 2**62)  # "big" jobs
     monkeypatch.setattr(memory, "choose_plan", lambda est, budget, kind, after=None:
-                        MemoryPlan(next(wanted, "none"), False, 1, budget))
+                        MemoryPlan(*next(wanted), 1, budget))
     request = request_for(folder, mode="t2i", width=32, height=32)
     first = run_job(executor, request)  # offloads ("model")
     runner = next(iter(executor.loaded.values()))
@@ -237,6 +238,12 @@ def test_a_job_after_an_offloaded_one_keeps_the_offload_or_loads_again(tiny_mode
     assert [o for _, o in applied] == ["model", "group"]  # the third applied nothing new
     assert applied[0][0] != applied[1][0]  # on the fresh pipeline
     assert "memory plan: group offload" in " ".join(third.notes)
+    # the same offload with VAE tiling: the tiling alone changes (enabling an offload again
+    # would stack its hooks)
+    fourth = run_job(executor, request)
+    assert isinstance(fourth, ev.Finished), fourth
+    assert len(applied) == 2 and fresh.base.vae.use_tiling
+    assert "group offload, VAE tiling" in " ".join(fourth.notes)
 
 
 def test_the_automatic_budget_counts_only_the_jobs_own_weights_on_the_device(tiny_models,

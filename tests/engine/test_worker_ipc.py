@@ -140,6 +140,7 @@ def test_result_folders_of_dead_studios_are_removed(tmp_path, monkeypatch):
     import subprocess
     import sys
     import tempfile
+    import time
 
     from studio.engine.worker import ProcessWorker, remove_stale_result_dirs
 
@@ -151,9 +152,14 @@ def test_result_folders_of_dead_studios_are_removed(tmp_path, monkeypatch):
     for folder in (stale, live, odd):
         folder.mkdir()
         (folder / "0.npy").write_bytes(b"frames")
+    assert remove_stale_result_dirs(tmp_path) == []  # touched just now: it may be in use
+    old = time.time() - 7 * 3600
+    for folder in (stale, live, odd):
+        os.utime(folder, (old, old))
     assert remove_stale_result_dirs(tmp_path) == [stale]
     assert not stale.exists() and live.exists() and odd.exists()
     stale.mkdir()
+    os.utime(stale, (old, old))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     worker = ProcessWorker()  # its own folder, named by this pid; the stale one goes
     try:

@@ -102,6 +102,13 @@ def test_hashing_weights_holds_up_neither_an_export_nor_the_exit(qtbot):
         background.submit(lambda: 1 / 0, on_error=errors.append, detached=True)
         qtbot.waitUntil(lambda: len(errors) == 1, timeout=5000)
         assert isinstance(errors[0], ZeroDivisionError)
+        # one thread, jobs in turn (two 30 GB hashes at once would fight for the disk)
+        names: list[str] = []
+        for _ in range(3):
+            background.submit(lambda: threading.current_thread().name,
+                              on_done=names.append, detached=True)
+        qtbot.waitUntil(lambda: len(names) == 3, timeout=5000)
+        assert set(names) == {threads[0].name}
     finally:
         gate.set()
         background.shutdown()

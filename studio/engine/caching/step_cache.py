@@ -55,7 +55,7 @@ from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
 from diffusers.hooks.hooks import BaseState, CacheContext, StateManager
 
-from studio.engine.hooks import remove_hook
+from studio.engine.hooks import register_inside, remove_hook
 
 _ROOT_HOOK = "studio_step_cache_root"
 _PROBE_HOOK = "studio_step_cache_probe"
@@ -889,25 +889,6 @@ class _OutputForecastHook(_TrajectoryHook):
 OUTER_HOOKS = ("studio_cfg_parallel",)
 
 
-def _peel(registry: HookRegistry) -> list[tuple[str, ModelHook]]:
-    """Removes the hooks from the first of ``OUTER_HOOKS`` outwards (outermost first, the
-    only removal diffusers' registry rewires cleanly) and returns them innermost first."""
-    order = list(registry._hook_order)
-    first = min((order.index(n) for n in OUTER_HOOKS if n in order), default=len(order))
-    peeled = [(n, registry.hooks[n]) for n in order[first:]]
-    for name, _ in reversed(peeled):
-        registry.remove_hook(name, recurse=False)
-    return peeled
-
-
-def _register_inside(registry: HookRegistry, hook: ModelHook, name: str) -> None:
-    """Registers ``hook`` inside any of ``OUTER_HOOKS`` (and whatever was put on after it)."""
-    peeled = _peel(registry)
-    registry.register_hook(hook, name)
-    for outer_name, outer in peeled:
-        registry.register_hook(outer, outer_name)
-
-
 def apply_step_cache(transformer: torch.nn.Module, config: StepCacheConfig) -> StepCacheStats:
     """Installs the forecast step cache on a diffusers transformer (diffusers model hooks).
 
@@ -927,8 +908,8 @@ def apply_step_cache(transformer: torch.nn.Module, config: StepCacheConfig) -> S
     reg = HookRegistry.check_if_exists_or_initialize
     stats = StepCacheStats()
     if config.signal == "output":
-        _register_inside(reg(transformer), _OutputForecastHook(
-            StateManager(_OutputState), stats, config), _ROOT_HOOK)
+        register_inside(transformer, _OutputForecastHook(
+            StateManager(_OutputState), stats, config), _ROOT_HOOK, OUTER_HOOKS)
         transformer._studio_step_cache = stats
         return stats
     segments = block_segments(transformer)

@@ -454,7 +454,7 @@ class FamilyRunner:
         """
         from dataclasses import replace
 
-        from studio.engine.memory import apply_plan
+        from studio.engine.memory import apply_plan, set_vae_tiling
 
         current = getattr(self, "_memory_plan", None)
         if current is not None and current.offload != "none" and plan.offload == "none":
@@ -465,7 +465,10 @@ class FamilyRunner:
         if current is not None and current.offload != plan.offload:
             raise MemoryPlanChange(f"memory plan: from {current.offload} to {plan.offload} "
                                    f"offload needs the model loaded again")
-        apply_plan(self.base, plan, self.device)
+        if current is not None and current.offload != "none":
+            set_vae_tiling(self.base, plan.vae_tiling)  # the offload stays as it is
+        else:
+            apply_plan(self.base, plan, self.device)
         self._memory_plan = plan
         return plan
 
