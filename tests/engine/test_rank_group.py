@@ -80,3 +80,48 @@ def test_rank_group_runs_jobs_and_survives_a_dead_rank(tiny_models):
     assert "rank 1" in failed.message and took < 60
     assert isinstance(after, ev.Finished) and new_pids and new_pids != pids
     assert np.array_equal(after.frames, single.frames)
+
+
+def test_ranks_die_with_a_studio_killed_outright(tmp_path):
+    """A studio SIGKILLed with a rank group up must not leave its ranks (each holding a
+    model on a GPU) waiting on their job queues forever."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    child = textwrap.dedent("""
+        import os, signal, sys, time
+        from studio.engine.parallel import ParallelConfig
+        from studio.engine.parallel.worker import RankGroupWorker
+        from studio.engine.worker import WorkerConfig
+
+        if __name__ == "__main__":
+            worker = RankGroupWorker(WorkerConfig(include_hf_cache=False),
+                                     ParallelConfig(cfg_degree=2), timeout_s=10)
+            worker._spawn()
+            time.sleep(3)
+            print(" ".join(map(str, worker.pids)), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    script = tmp_path / "studio_child.py"
+    script.write_text(child)
+    env = dict(os.environ, PYTHONPATH=str(root))
+    proc = subprocess.run([sys.executable, str(script)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    pids = [int(p) for p in proc.stdout.split()]
+    assert len(pids) == 2
+
+    def alive(pid: int) -> bool:
+        try:
+            state = open(f"/proc/{pid}/status").read()
+        except OSError:
+            return False
+        return "State:\tZ" not in state
+
+    deadline = time.monotonic() + 30
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(p) for p in pids)

@@ -245,8 +245,14 @@ class _RingPlanHook(ModelHook):
         self.group, self.state, self.replicated_text = group, state, replicated_text
 
     def new_forward(self, module, *args, **kwargs):
-        with _RingSDPA(self.group, self.state, self.replicated_text):
-            return self.fn_ref.original_forward(*args, **kwargs)
+        # a forward that raised (out of memory, say) skipped the attention modules' leave
+        # hooks: a new forward starts with none active, or later local SDPA calls would ring
+        self.state.active = 0
+        try:
+            with _RingSDPA(self.group, self.state, self.replicated_text):
+                return self.fn_ref.original_forward(*args, **kwargs)
+        finally:
+            self.state.active = 0
 
 
 @dataclass(frozen=True)

@@ -63,10 +63,15 @@ def apply_parallel_plan(runner, parallel: ParallelConfig, mesh=None) -> None:
             apply_cfg_parallel(module, mesh.cfg_group if mesh is not None else None)
 
 
-def _rank_main(rank, world, port, backend, timeout_s, config, parallel, jobs, events, cancel):
+def _rank_main(rank, world, port, backend, timeout_s, config, parallel, jobs, events, cancel,
+               parent_pid=None):
     import torch
     import torch.distributed as dist
 
+    from studio.engine.worker import _die_with_parent
+
+    if parent_pid is not None:  # a studio killed outright takes its ranks (and GPUs) along
+        _die_with_parent(parent_pid)
     from studio.engine.parallel.launch import init_loopback_group
     from studio.engine.parallel.mesh import ParallelMesh
 
@@ -170,7 +175,7 @@ class RankGroupWorker(Worker):
         self._procs = [self._ctx.Process(
             target=_rank_main, name=f"studio-rank-{r}", daemon=True,
             args=(r, world, port, backend, self.timeout_s, self.config, self.parallel,
-                  self._jobs[r], writer if r == 0 else None, self._cancel))
+                  self._jobs[r], writer if r == 0 else None, self._cancel, os.getpid()))
             for r in range(world)]
         for p in self._procs:
             p.start()
