@@ -35,8 +35,11 @@ def test_rank_group_runs_jobs_and_survives_a_dead_rank(tiny_models):
     model = tiny_models["wan-t2v"]
     single = JobExecutor(ModelRegistry(include_hf_cache=False), torch.device("cpu")).execute(
         Job("ref", request(model)), lambda e: None, lambda: False)
+    # the default collective timeout (15 minutes, for loading): a dead rank still fails the
+    # job at once, its process being watched
     worker = RankGroupWorker(WorkerConfig(include_hf_cache=False),
-                             ParallelConfig(cfg_degree=2), timeout_s=10)
+                             ParallelConfig(cfg_degree=2))
+    assert worker.timeout_s >= 600
 
     async def main():
         async with Engine(worker) as engine:
@@ -77,7 +80,7 @@ def test_rank_group_runs_jobs_and_survives_a_dead_rank(tiny_models):
     assert isinstance(third, ev.Finished) and kept_after_cancel
     assert np.array_equal(third.frames, single.frames)
     assert isinstance(failed, ev.Failed) and failed.kind == ev.WORKER_DIED, failed
-    assert "rank 1" in failed.message and took < 60
+    assert "rank 1" in failed.message and took < 30
     assert isinstance(after, ev.Finished) and new_pids and new_pids != pids
     assert np.array_equal(after.frames, single.frames)
 

@@ -8,8 +8,9 @@ on its own device; the ranks form a ``(cfg, ring, ulysses)`` mesh
 rank runs it with the same seed and the parallel plan applied to its denoisers (CFG parallel,
 Ulysses, ring, or CFG × a sequence plan), and rank 0 reports the events. The group stays up
 between jobs (models stay loaded). If a rank dies, the running job fails with a clear
-message within the collective timeout, the group is torn down, and the next job gets a new
-group.
+message at once (the ranks' processes are watched, whatever the collective timeout), the
+group is torn down, and the next job gets a new group. Ranks die with the process that
+spawned them.
 
 Cancelling keeps the group up: the ranks agree on the step to stop at (each step they
 all-reduce a lock-free cancel flag the worker sets in shared memory), so all leave the
@@ -121,14 +122,22 @@ class RankGroupWorker(Worker):
     Args:
         config: the executor configuration every rank builds (its device is set per rank).
         parallel: the degrees (cfg × ring × ulysses ranks; replicas are separate workers).
-        timeout_s: collective timeout; a dead rank fails the job within about this long.
+        timeout_s: the collectives' timeout. Long by default: the first collective of a job
+            waits for every rank to load its model (8 ranks reading a 14B checkpoint from a
+            cold disk differ by minutes), and a timed-out NCCL collective aborts the group. A
+            rank that dies fails the job at once all the same: the ranks' processes are
+            watched.
+        cancel_grace_s: how long a cancelled job may take to reach its next step (the ranks
+            stop together at a step) before the group is torn down and the job reported
+            cancelled.
 
     Raises:
         ParallelConfigError: replicas > 1 (use ``Engine.for_devices``) or invalid degrees.
     """
 
     def __init__(self, config: WorkerConfig | None = None,
-                 parallel: ParallelConfig | None = None, *, timeout_s: float = 30.0):
+                 parallel: ParallelConfig | None = None, *, timeout_s: float = 900.0,
+                 cancel_grace_s: float = 120.0):
         import multiprocessing as mp
 
         self.config = config or WorkerConfig()
@@ -144,6 +153,7 @@ class RankGroupWorker(Worker):
         # gloo ranks on the CPU are for testing the plans: a few, not one per core
         self.parallel.validate(devices=gpus if on_gpus else MAX_CPU_RANKS)
         self.timeout_s = timeout_s
+        self.cancel_grace_s = cancel_grace_s
         self._ctx = mp.get_context("spawn")
         self._procs: list | None = None
         self._jobs: list | None = None
@@ -271,8 +281,8 @@ class RankGroupWorker(Worker):
 
     def cancel(self, job_id: str) -> None:
         """Asks the ranks to stop ``job_id`` at their next step (they agree on which); the
-        group stays up. A group that has not stopped within the collective timeout is torn
-        down and the job reported cancelled."""
+        group stays up. A group that has not stopped within ``cancel_grace_s`` is torn down
+        and the job reported cancelled."""
         with self._lock:
             running = self._running == job_id
             procs = self._procs
@@ -290,7 +300,7 @@ class RankGroupWorker(Worker):
                 if self._on_event is not None:
                     self._on_event(ev.Cancelled(job_id, 0))
 
-        timer = threading.Timer(self.timeout_s + 5.0, stuck)
+        timer = threading.Timer(self.cancel_grace_s, stuck)
         timer.daemon = True
         timer.start()
 
