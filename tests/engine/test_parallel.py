@@ -261,6 +261,21 @@ def test_sequence_parallel_refuses_models_without_a_plan_or_bad_heads():
         apply_sequence_parallel(unet, ParallelConfig(ulysses_degree=2))
 
 
+def test_cfg_parallel_refuses_ltx2_with_the_reason(tmp_path):
+    """LTX-2's denoiser returns (video, audio) and runs one-item guidance calls: CFG
+    parallel would fail mid-job on every rank (a 1-tuple unpacked as two, an odd batch);
+    it is refused up front, pointing at ring."""
+    from studio.engine.parallel.cfg import apply_cfg_parallel
+    from studio.testing.tiny_pipelines import build_tiny_ltx2
+
+    folder = build_tiny_ltx2(tmp_path / "ltx2")
+    from diffusers import LTX2VideoTransformer3DModel
+
+    transformer = LTX2VideoTransformer3DModel.from_pretrained(folder / "transformer")
+    with pytest.raises(ParallelConfigError, match="use ring"):
+        apply_cfg_parallel(transformer)
+
+
 def _tiny_tiling_vae():
     from studio.tiny.train import build_vae
 

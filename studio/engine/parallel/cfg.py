@@ -136,7 +136,16 @@ def apply_cfg_parallel(denoiser: torch.nn.Module, group=None) -> CfgParallelHook
 
     Raises:
         ValueError: the group does not have exactly 2 ranks.
+        ParallelConfigError: a denoiser whose outputs this hook does not split (LTX-2 returns
+            video and audio, and runs extra one-item guidance calls); use ring there.
     """
+    if type(denoiser).__name__.startswith("LTX2"):
+        from studio.engine.parallel.config import ParallelConfigError
+
+        raise ParallelConfigError(
+            "cfg parallel: LTX-2's denoiser returns video and audio and runs one-item "
+            "guidance calls that cannot be split into the two halves; use ring (sequence) "
+            "parallel for LTX-2")
     hook = CfgParallelHook(group)
     HookRegistry.check_if_exists_or_initialize(denoiser).register_hook(hook, _HOOK)
     return hook
