@@ -161,13 +161,17 @@ class MainWindow(QMainWindow):
         self.params.set_models(self.registry.list(), self.registry.content_hash)
         self._draft_timer = QTimer(self, singleShot=True, interval=DRAFT_SAVE_DELAY_MS)
         self._draft_timer.timeout.connect(self.save_draft)
-        self._draft_edited = False  # saved only once edited: a draft restored in part
-        # (its model missing here) must not overwrite the whole one in the project
+        self._draft_edited = False
+        # a draft restored in part (its model missing here) is not saved over the whole one
+        # until the user edits the prompt or generates (the panel also changes by itself:
+        # a model's hash arriving)
+        self._draft_partial = False
         try:
             self._restore_draft()
         except Exception:  # a convenience: never keeps the window from opening
             log.exception("restoring the saved draft failed")
         self.params.draftChanged.connect(self._on_draft_edited)
+        self.params.prompt_edit.textChanged.connect(self._on_prompt_typed)
         self._unsubscribe = self.document.subscribe(self._on_document)
         self._update_actions()
         self._update_queue_status()
@@ -276,6 +280,9 @@ class MainWindow(QMainWindow):
         self._draft_edited = True
         self._draft_timer.start()
 
+    def _on_prompt_typed(self) -> None:
+        self._draft_partial = False
+
     def save_draft(self) -> None:
         """Saves the settings panel's draft in the project: the request (prompt, settings,
         inputs, mask), the seed lock and text, the batch size and the branch parent. Runs
@@ -284,7 +291,7 @@ class MainWindow(QMainWindow):
         failed write is logged (the draft is a convenience; the variants are saved on their
         own)."""
         self._draft_timer.stop()
-        if self._shut or not self._draft_edited:
+        if self._shut or not self._draft_edited or self._draft_partial:
             return
         params = self.params
         state = {"request": json.loads(params.draft().to_json()),
@@ -322,6 +329,7 @@ class MainWindow(QMainWindow):
         if request.mode == "i2i" and request.mask is not None:
             self.mask_link.load(request.mask, "Restore the draft's mask")
         if notes:
+            self._draft_partial = True
             self.notify("The last draft is back; " + "; ".join(notes))
 
     # -- helpers ----------------------------------------------------------------------------
@@ -440,6 +448,7 @@ class MainWindow(QMainWindow):
     def generate(self) -> list[str]:
         """Queues the settings panel's batch as new variants (one undo step); selects the
         first so the canvas shows its previews. Returns the new ids ([] when invalid)."""
+        self._draft_partial = False  # the user took the draft as it is now
         self.mask_link.store()
         requests = self.params.batch_requests()
         if not requests:

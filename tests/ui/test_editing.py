@@ -252,3 +252,25 @@ def test_modes_a_model_cannot_run_are_disabled(qtbot):
     assert panel.mode() == "t2i"  # the video mode fell back to one the model runs
     assert (panel.width_spin.value(), panel.height_spin.value()) == (512, 512)
     background.shutdown()
+
+
+def test_a_draft_restored_without_its_model_is_not_saved_over(tmp_path, loop, make_window):
+    """A project opened where its draft's model is missing: the panel shows what it can, and
+    the whole saved draft stays in the project until the user edits the prompt (the panel's
+    own changes, a hash arriving, must not overwrite it); then the edit is saved."""
+    project = Project.create(tmp_path / "project")
+    stored = {"request": {"mode": "t2i", "model": "/nowhere/flux-dev", "prompt": "a fox",
+                          "seed": 5, "steps": 9, "guidance_scale": 3.5, "width": 64,
+                          "height": 64, "num_frames": 1, "fps": 8.0},
+              "seed_locked": True, "seed_text": "5", "batch": 2, "parent_id": None}
+    project.save_draft(stored)
+    w = make_window(project)
+    assert w.params.prompt_edit.toPlainText() == "a fox" and w.params.batch_spin.value() == 2
+    assert "not available" in w.last_message[0]
+    w.params.steps_spin.setValue(12)  # a change of the panel's, not the prompt
+    w.save_draft()
+    assert project.load_draft()["request"]["model"] == "/nowhere/flux-dev"
+    w.params.prompt_edit.setPlainText("a fox in snow")
+    w.save_draft()
+    saved = project.load_draft()
+    assert saved["request"]["prompt"] == "a fox in snow" and saved["request"]["steps"] == 12
