@@ -161,7 +161,6 @@ class MainWindow(QMainWindow):
         self.params.set_models(self.registry.list(), self.registry.content_hash)
         self._draft_timer = QTimer(self, singleShot=True, interval=DRAFT_SAVE_DELAY_MS)
         self._draft_timer.timeout.connect(self.save_draft)
-        self._draft_edited = False
         # a draft restored in part (its model missing here) is not saved over the whole one
         # until the user edits the prompt or generates (the panel also changes by itself:
         # a model's hash arriving)
@@ -170,7 +169,7 @@ class MainWindow(QMainWindow):
             self._restore_draft()
         except Exception:  # a convenience: never keeps the window from opening
             log.exception("restoring the saved draft failed")
-        self.params.draftChanged.connect(self._on_draft_edited)
+        self.params.draftChanged.connect(self._draft_timer.start)
         self.params.prompt_edit.textChanged.connect(self._on_prompt_typed)
         self._unsubscribe = self.document.subscribe(self._on_document)
         self._update_actions()
@@ -276,22 +275,18 @@ class MainWindow(QMainWindow):
         self.closed.emit()
 
     # -- the draft --------------------------------------------------------------------------
-    def _on_draft_edited(self) -> None:
-        self._draft_edited = True
-        self._draft_timer.start()
-
     def _on_prompt_typed(self) -> None:
         self._draft_partial = False
 
     def save_draft(self) -> None:
         """Saves the settings panel's draft in the project: the request (prompt, settings,
         inputs, mask), the seed lock and text, the batch size and the branch parent. Runs
-        :data:`DRAFT_SAVE_DELAY_MS` after the last edit and at shutdown, once the user has
-        edited it (a draft restored without its model must not overwrite the saved one); a
-        failed write is logged (the draft is a convenience; the variants are saved on their
-        own)."""
+        :data:`DRAFT_SAVE_DELAY_MS` after the last edit and at shutdown; not while a draft
+        restored without its model waits for the user's first prompt edit or Generate (it
+        must not overwrite the whole saved one). A failed write is logged (the draft is a
+        convenience; the variants are saved on their own)."""
         self._draft_timer.stop()
-        if self._shut or not self._draft_edited or self._draft_partial:
+        if self._shut or self._draft_partial:
             return
         params = self.params
         state = {"request": json.loads(params.draft().to_json()),
@@ -303,8 +298,6 @@ class MainWindow(QMainWindow):
             self.project.save_draft(state)
         except (OSError, sqlite3.Error, ValueError) as exc:
             log.warning("saving the draft failed: %s", exc)
-        else:
-            self._draft_edited = False
 
     def _restore_draft(self) -> None:
         """Puts the project's saved draft back in the settings panel (at open)."""
