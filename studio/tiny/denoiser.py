@@ -284,6 +284,59 @@ def frame_awareness_loss(head: torch.nn.Module, hidden: torch.Tensor,
     return loss, accuracy
 
 
+#: Token rows (and columns) per frame the position-awareness head can name (8 at 64 x 64 on
+#: the 2x VAE with a 4-pixel patch).
+MAX_TOKEN_SIDE = 16
+
+
+def position_awareness_loss(head: torch.nn.Module, hidden: torch.Tensor, frames: int,
+                            rows: int, columns: int) -> tuple[torch.Tensor, float]:
+    """Cross-entropy of a linear read-out of each token's absolute row and column in its
+    frame from a block's output: an auxiliary training loss like
+    :func:`frame_awareness_loss` (after REPA, Yu et al. 2024).
+
+    Why: Wan's 3D rotary embedding (Su et al., "RoFormer", 2021) gives attention relative
+    offsets only, so a token learns where it is in the frame only from the frame's edges. A
+    denoiser trained from random weights on the 2x VAE read its tokens' row and column only
+    0.33 / 0.39 of the time by its last block on pure noise (chance 1/8; the shipped
+    denoiser, trained 30 hours in a longer lineage, 0.95 / 0.79), and its loss did not move
+    when the caption's position words were swapped (``studio.tiny.probe``,
+    training/README.md, session 38): a word such as "top left" can only place the object in
+    tokens that know where they are.
+
+    Args:
+        head: maps (..., D) to (..., 2 * :data:`MAX_TOKEN_SIDE`) logits: rows first, then
+            columns.
+        hidden: (B, N, D) tokens of one block in Wan's flattened patch order (frame, row,
+            column), N = ``frames * rows * columns``.
+        frames: token frames in the sequence (an appended reference frame included).
+        rows, columns: tokens per frame down and across, each in [1, MAX_TOKEN_SIDE].
+    Returns:
+        (the mean of the row and column cross-entropies, a 0-dim tensor; the share of
+        tokens whose row and column arg-maxes are both right).
+    Raises:
+        ValueError: N is not ``frames * rows * columns``, or a side is outside
+            [1, MAX_TOKEN_SIDE].
+    """
+    b, n, _ = hidden.shape
+    for name, side in (("rows", rows), ("columns", columns)):
+        if not 1 <= side <= MAX_TOKEN_SIDE:
+            raise ValueError(f"{name}={side}: must be in [1, {MAX_TOKEN_SIDE}]")
+    if frames < 1 or n != frames * rows * columns:
+        raise ValueError(f"frames={frames}, rows={rows}, columns={columns}: the sequence "
+                         f"holds {n} tokens, not frames * rows * columns")
+    row = torch.arange(rows, device=hidden.device).repeat_interleave(columns).repeat(frames)
+    column = torch.arange(columns, device=hidden.device).repeat(rows * frames)
+    logits = head(hidden.float())  # (B, N, 2 * MAX_TOKEN_SIDE)
+    row_logits = logits[..., :MAX_TOKEN_SIDE].reshape(b * n, -1)
+    column_logits = logits[..., MAX_TOKEN_SIDE:].reshape(b * n, -1)
+    f = torch.nn.functional.cross_entropy
+    loss = 0.5 * (f(row_logits, row.repeat(b)) + f(column_logits, column.repeat(b)))
+    right = (row_logits.argmax(-1) == row.repeat(b)) & \
+        (column_logits.argmax(-1) == column.repeat(b))
+    return loss, float(right.float().mean())
+
+
 def latent_frame_groups(frames: int, temporal: int) -> list[slice]:
     """The pixel frames each latent frame of Wan's causal VAE encodes: latent frame 0 encodes
     frame 0, latent frame k the k-th group of ``temporal`` frames after it.
@@ -443,16 +496,20 @@ class DenoiserTask(TrainTask):
     frame from the output of block ``frame_awareness_block``. ``motion_awareness`` A > 0 adds,
     on clip steps, A times :func:`motion_awareness_loss` of a linear head (module
     ``motion_head``, trained, not exported) reading each latent frame's object displacement
-    from the same block's output.
+    from the same block's output. ``position_awareness`` P > 0 adds, on every step, P times
+    :func:`position_awareness_loss` of a linear head (module ``position_head``, trained, not
+    exported) reading each token's row and column from the same block's output.
     """
 
     optional_modules = frozenset({"reference_encoder", "ema_reference_encoder", "frame_head",
-                                  "motion_head"})
+                                  "motion_head", "position_head"})
     step_kinds = step_mix()  # the default mix; an instance's comes from reference_share
     motion_anchor = "first"  # the default; an instance's comes from motion_anchor
     motion_awareness = 0.0  # off by default, as are the heads
+    position_awareness = 0.0
     frame_head: torch.nn.Module | None = None
     motion_head: torch.nn.Module | None = None
+    position_head: torch.nn.Module | None = None
 
     def __init__(self, device: torch.device, vae, *, image_batch: int = 48,
                  clip_batch: int = 12, ema_decay: float = 0.999, pool: bool = False,
@@ -461,7 +518,7 @@ class DenoiserTask(TrainTask):
                  object_weight: float = 0.0, motion_weight: float = 0.0,
                  image_share: float | None = None, frame_awareness: float = 0.0,
                  frame_awareness_block: int = 1, motion_anchor: str = "first",
-                 motion_awareness: float = 0.0):
+                 motion_awareness: float = 0.0, position_awareness: float = 0.0):
         import copy
 
         step_kinds = step_mix(reference_share, image_share)  # bad input fails before building
@@ -486,6 +543,9 @@ class DenoiserTask(TrainTask):
         if not 0.0 <= motion_awareness <= 10.0:
             raise ValueError(f"motion_awareness={motion_awareness}: must be in [0, 10]")
         self.motion_awareness = motion_awareness
+        if not 0.0 <= position_awareness <= 10.0:
+            raise ValueError(f"position_awareness={position_awareness}: must be in [0, 10]")
+        self.position_awareness = position_awareness
         self.eval_modes = ("t2i",)  # each checkpoint's eval line; the dit stage adds "t2v"
         self.eval_prompts = 32  # held-out prompts per mode of each eval line
         self.noise_level_mean = noise_level_mean
@@ -506,6 +566,8 @@ class DenoiserTask(TrainTask):
             self.frame_head = torch.nn.Linear(width, MAX_TOKEN_FRAMES).to(device)
         if motion_awareness > 0:
             self.motion_head = torch.nn.Linear(width, 3).to(device)
+        if position_awareness > 0:
+            self.position_head = torch.nn.Linear(width, 2 * MAX_TOKEN_SIDE).to(device)
         self.image_batch, self.clip_batch, self.ema_decay = image_batch, clip_batch, ema_decay
         self.step_kinds = step_kinds
         self.latents_mean, self.latents_std = self.latent_stats()
@@ -516,7 +578,8 @@ class DenoiserTask(TrainTask):
                    "reference_encoder": self.reference_encoder,
                    "ema_text_encoder": self.ema_text, "ema_transformer": self.ema_transformer,
                    "ema_reference_encoder": self.ema_reference_encoder}
-        for name, head in (("frame_head", self.frame_head), ("motion_head", self.motion_head)):
+        for name, head in (("frame_head", self.frame_head), ("motion_head", self.motion_head),
+                           ("position_head", self.position_head)):
             if head is not None:
                 modules[name] = head
         return modules
@@ -635,9 +698,11 @@ class DenoiserTask(TrainTask):
                 latent_weight = latent_weight + self.motion_weight * (
                     cover - cover[:, :, k:k + 1]).abs()
         head, motion_head = self.frame_head, self.motion_head
+        position_head = self.position_head
         captured = []
         hook = None
-        if (head is not None or motion_head is not None) and x0.shape[2] > 1:
+        if ((head is not None or motion_head is not None) and x0.shape[2] > 1) or \
+                position_head is not None:
             block = self.transformer.blocks[self.frame_awareness_block]
             hook = block.register_forward_hook(lambda _m, _a, out: captured.append(out))
         try:
@@ -648,11 +713,18 @@ class DenoiserTask(TrainTask):
                 hook.remove()
         metrics = {}
         frames = x0.shape[2] + (1 if ref is not None else 0)
-        if captured and head is not None:
+        if captured and position_head is not None:
+            _, ph, pw = self.transformer.config.patch_size
+            aware, accuracy = position_awareness_loss(position_head, captured[0], frames,
+                                                      x0.shape[3] // ph, x0.shape[4] // pw)
+            loss = loss + self.position_awareness * aware
+            metrics["position_ce"], metrics["position_acc"] = float(aware.detach()), accuracy
+        if captured and head is not None and x0.shape[2] > 1:
             aware, accuracy = frame_awareness_loss(head, captured[0], frames)
             loss = loss + self.frame_awareness * aware
             metrics["frame_ce"], metrics["frame_acc"] = float(aware.detach()), accuracy
-        if captured and motion_head is not None and batch.motion_target is not None:
+        if captured and motion_head is not None and batch.motion_target is not None and \
+                x0.shape[2] > 1:
             target, known = batch.motion_target
             if target.shape[1] != x0.shape[2]:
                 raise ValueError(f"motion_target has {target.shape[1]} frames for a clip of "

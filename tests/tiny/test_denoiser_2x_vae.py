@@ -395,7 +395,8 @@ def test_frame_awareness_trains_a_head_on_clip_steps_only(monkeypatch):
 
 
 @pytest.mark.parametrize("part, options", [("frame_head", {"frame_awareness": 0.5}),
-                                           ("motion_head", {"motion_awareness": 2.0})])
+                                           ("motion_head", {"motion_awareness": 2.0}),
+                                           ("position_head", {"position_awareness": 0.3})])
 def test_snapshot_and_restore_carry_the_training_only_heads(tmp_path, caplog, part, options):
     """A training-only head (the frame- and motion-awareness heads) has no EMA copy and no
     place in an export: the snapshot carries its live weights, so a restored run goes on
@@ -583,3 +584,93 @@ def test_motion_awareness_trains_a_head_on_known_clips(monkeypatch):
                         refs=torch.randn(1, 8, 1, 32, 32), ref_objects=[("red", "circle")])
     task.loss(ref, gen)
     assert seen == {"frames": 6, "target_frames": 5}
+
+
+def test_position_awareness_loss_reads_each_tokens_row_and_column_and_can_fail():
+    from studio.tiny.denoiser import MAX_TOKEN_SIDE, position_awareness_loss
+
+    frames, rows, columns, dim = 2, 3, 5, 16  # odd sides, fewer rows than columns
+    head = torch.nn.Linear(dim, 2 * MAX_TOKEN_SIDE)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        head.weight[:rows, :rows] = 20 * torch.eye(rows)  # row logits read channels 0..2
+        head.weight[MAX_TOKEN_SIDE:MAX_TOKEN_SIDE + columns, rows:rows + columns] = \
+            20 * torch.eye(columns)  # column logits read channels 3..7
+    # tokens in Wan's (frame, row, column) order carrying a one-hot code of their row and
+    # column
+    hidden = torch.zeros(2, frames * rows * columns, dim)
+    n = 0
+    for _ in range(frames):
+        for r in range(rows):
+            for c in range(columns):
+                hidden[:, n, r] = 1.0
+                hidden[:, n, rows + c] = 1.0
+                n += 1
+    loss, accuracy = position_awareness_loss(head, hidden, frames, rows, columns)
+    assert accuracy == 1.0 and float(loss) < 1e-3
+    # the same tokens mirrored left to right: rows still right, columns wrong but the middle
+    mirrored = hidden.reshape(2, frames, rows, columns, dim).flip(3).reshape(hidden.shape)
+    loss, accuracy = position_awareness_loss(head, mirrored, frames, rows, columns)
+    assert accuracy == pytest.approx(1 / columns) and float(loss) > 5
+    # tokens that hold nothing: chance over the head's classes
+    loss, accuracy = position_awareness_loss(head, torch.zeros_like(hidden), frames, rows,
+                                             columns)
+    assert float(loss) == pytest.approx(np.log(MAX_TOKEN_SIDE), rel=1e-5)
+    with pytest.raises(ValueError, match="frames=2, rows=5, columns=3"):
+        position_awareness_loss(head, hidden[:, :-1], frames, 5, 3)
+    with pytest.raises(ValueError, match=f"columns={MAX_TOKEN_SIDE + 1}"):
+        position_awareness_loss(head, hidden, 1, 1, MAX_TOKEN_SIDE + 1)
+
+
+def _any_blocks_loss(transformer, x0, text, noise, s, **kwargs):
+    """A flow-matching loss stand-in for images or clips of 32x32 latents (64 tokens per
+    frame), an appended reference included: runs the blocks and adds 0."""
+    ref = kwargs.get("reference")
+    x = x0 if ref is None else torch.cat([x0, ref], 2)
+    return transformer(hidden_states=x, timestep=torch.zeros(len(x), 64 * x.shape[2]),
+                       encoder_hidden_states=text, return_dict=False)[0].mean() * 0
+
+
+def test_position_awareness_trains_a_head_on_image_and_clip_steps(monkeypatch):
+    import studio.tiny.denoiser as denoiser_module
+
+    torch.manual_seed(0)
+    vae = build_vae(spatial_compression=2, temporal_compression=2)
+    with pytest.raises(ValueError, match="position_awareness="):
+        DenoiserTask(torch.device("cpu"), vae, position_awareness=11.0)
+    plain = DenoiserTask(torch.device("cpu"), vae, image_batch=2, clip_batch=1)
+    assert "position_head" not in plain.modules()
+    task = DenoiserTask(torch.device("cpu"), vae, image_batch=2, clip_batch=1,
+                        position_awareness=0.4, frame_awareness_block=2)
+    assert "position_head" in task.modules() and "position_head" in task.optional_modules
+    assert task.frame_head is None
+    gen = torch.Generator().manual_seed(0)
+    image = denoiser_module.DenoiserBatch(["a red circle"] * 2, torch.randn(2, 8, 1, 32, 32),
+                                          None, np.zeros(2, bool), None, None)
+    loss, metrics = task.loss(image, gen)
+    assert not task.transformer.blocks[2]._forward_hooks  # the read-out hook is gone
+    assert 0 <= metrics["position_acc"] <= 1 and metrics["position_ce"] > 0
+    assert "frame_ce" not in metrics
+    loss.backward()
+    assert task.position_head.weight.grad.abs().sum() > 0
+    # the auxiliary term is the weighted cross-entropy on top of the flow-matching loss, and
+    # it reads the grid of the latents it is given (8 x 8 tokens of 32 x 32 latents)
+    seen = {}
+    real = denoiser_module.position_awareness_loss
+
+    def spy(head, hidden, frames, rows, columns):
+        seen.update(frames=frames, rows=rows, columns=columns)
+        return real(head, hidden, frames, rows, columns)
+
+    monkeypatch.setattr(denoiser_module, "position_awareness_loss", spy)
+    monkeypatch.setattr(denoiser_module, "flow_matching_loss", _any_blocks_loss)
+    loss, metrics = task.loss(image, gen)
+    assert float(loss) == pytest.approx(0.4 * metrics["position_ce"], rel=1e-5)
+    assert seen == {"frames": 1, "rows": 8, "columns": 8}
+    ref = denoiser_module.DenoiserBatch(["a large object moves left"],
+                                        torch.randn(1, 8, 5, 32, 32),
+                                        torch.randn(1, 8, 1, 32, 32), np.zeros(1, bool),
+                                        [("red", "circle")], None)
+    task.loss(ref, gen)
+    assert seen == {"frames": 6, "rows": 8, "columns": 8}
