@@ -261,6 +261,46 @@ def test_sequence_parallel_refuses_models_without_a_plan_or_bad_heads():
         apply_sequence_parallel(unet, ParallelConfig(ulysses_degree=2))
 
 
+def _uneven_tokens_rank(rank, world):
+    """One rank: a small Wan denoiser under Ulysses 2; a 3 x 3 token grid (9 tokens), then a
+    4 x 4 one (16)."""
+    from diffusers import WanTransformer3DModel
+
+    from studio.engine.parallel.sequence import apply_sequence_parallel
+
+    torch.manual_seed(0)
+    model = WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4,
+        out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=1,
+        rope_max_seq_len=32).eval()
+    apply_sequence_parallel(model, ParallelConfig(ulysses_degree=2))
+    text = torch.zeros(1, 4, 16)
+    out = {}
+    with torch.inference_mode():
+        try:
+            model(hidden_states=torch.randn(1, 4, 1, 6, 6), timestep=torch.tensor([500.0]),
+                  encoder_hidden_states=text, return_dict=False)
+        except ParallelConfigError as exc:
+            out["odd"] = str(exc)
+        even = model(hidden_states=torch.randn(1, 4, 1, 8, 8), timestep=torch.tensor([500.0]),
+                     encoder_hidden_states=text, return_dict=False)[0]
+    out["even"] = tuple(even.shape)
+    return out
+
+
+def test_sequence_parallel_refuses_a_token_count_the_degree_does_not_divide(ranks):
+    """Every rank refuses the same job with the rule (not diffusers' internal assertion),
+    before any exchange, and the group runs the next job."""
+    from studio.engine.parallel.sequence import latent_token_count
+
+    for result in ranks.run(_uneven_tokens_rank):
+        assert "= 2 does not divide this job's 9 latent tokens" in result["odd"]
+        assert result["even"] == (1, 4, 1, 8, 8)
+    flux_like = torch.nn.Module()
+    assert latent_token_count(flux_like, torch.zeros(1, 77, 64)) == 77
+    assert latent_token_count(flux_like, torch.zeros(1, 4, 8, 8)) is None
+
+
 def test_cfg_parallel_refuses_ltx2_with_the_reason(tmp_path):
     """LTX-2's denoiser returns (video, audio) and runs one-item guidance calls: CFG
     parallel would fail mid-job on every rank (a 1-tuple unpacked as two, an odd batch);

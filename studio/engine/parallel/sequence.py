@@ -46,7 +46,10 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
     Raises:
         ParallelConfigError: the model has no context-parallel plan, or its heads do not
             divide by the Ulysses degree while ring attention is combined with it (under
-            Ulysses alone uneven heads are padded: diffusers' ``ulysses_anything``).
+            Ulysses alone uneven heads are padded: diffusers' ``ulysses_anything``). Later,
+            from a forward whose latent tokens the sequence degree does not divide
+            (:func:`install_token_check`; under Ulysses alone with padded heads any count
+            splits).
     """
     import torch.distributed as dist
     from diffusers import ContextParallelConfig
@@ -95,6 +98,8 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
                                ring_degree=config.ring_degree or None,
                                ulysses_anything=uneven_heads,
                                mesh=mesh.sequence_mesh if mesh is not None else None)
+    if not uneven_heads:  # diffusers' even sharder asserts; "Ulysses anything" splits any
+        install_token_check(transformer, config.sequence_degree)
     if config.ring_degree > 1 or name in OUR_ULYSSES_ATTENTION:
         from studio.engine.parallel.ring import install_ring_backend
 
@@ -106,3 +111,46 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
     # the step cache all-reduces its decision signal over this group (rank-consistent)
     transformer._studio_sequence_group = (mesh.sequence_group if mesh is not None
                                           else dist.group.WORLD)
+
+
+def latent_token_count(transformer: torch.nn.Module, hidden_states: torch.Tensor) -> int | None:
+    """Tokens of the latent sequence a denoiser's forward will split over the sequence ranks.
+
+    Args:
+        transformer: the denoiser (its ``config.patch_size`` for unpacked inputs).
+        hidden_states: (B, S, C) packed tokens (Flux, Flux2, LTX, Qwen-Image), or
+            (B, C, F, H, W) latents with a 3-D patch (Wan).
+
+    Returns:
+        S, or ``(F / pt) * (H / ph) * (W / pw)``; None for any other layout.
+    """
+    from studio.engine.attention import token_grid
+
+    if not torch.is_tensor(hidden_states):
+        return None
+    if hidden_states.dim() == 3:
+        return int(hidden_states.shape[1])
+    grid = token_grid(transformer, hidden_states)
+    return None if grid is None else grid[0] * grid[1] * grid[2]
+
+
+def install_token_check(transformer: torch.nn.Module, degree: int) -> None:
+    """Refuses, before any rank splits or communicates, a forward whose latent tokens do not
+    divide evenly over ``degree`` sequence ranks (diffusers' even sharder, which every rank
+    would reach, otherwise fails on an internal assertion). Every rank gets the same input,
+    so every rank raises the same error at the same point and the group stays in step.
+
+    Raises (from the forward):
+        ParallelConfigError: naming the token count, the degree and what to change.
+    """
+    def check(module, args, kwargs):
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        tokens = latent_token_count(module, hidden)
+        if tokens is not None and tokens % degree:
+            raise ParallelConfigError(
+                f"ulysses_degree × ring_degree = {degree} does not divide this job's "
+                f"{tokens} latent tokens (padding is not supported): pick a width, height or "
+                f"frame count whose token count divides by {degree}, or a plan without "
+                f"sequence parallelism")
+
+    transformer.register_forward_pre_hook(check, with_kwargs=True)
