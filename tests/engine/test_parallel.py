@@ -291,14 +291,39 @@ def _uneven_tokens_rank(rank, world):
 def test_sequence_parallel_refuses_a_token_count_the_degree_does_not_divide(ranks):
     """Every rank refuses the same job with the rule (not diffusers' internal assertion),
     before any exchange, and the group runs the next job."""
-    from studio.engine.parallel.sequence import latent_token_count
-
     for result in ranks.run(_uneven_tokens_rank):
         assert "= 2 does not divide this job's 9 latent tokens" in result["odd"]
         assert result["even"] == (1, 4, 1, 8, 8)
-    flux_like = torch.nn.Module()
-    assert latent_token_count(flux_like, torch.zeros(1, 77, 64)) == 77
-    assert latent_token_count(flux_like, torch.zeros(1, 4, 8, 8)) is None
+
+
+def test_the_token_check_reads_what_the_plan_splits():
+    """Flux-style plans split the packed latent tokens and the text tokens at the model's
+    own call: each is checked, by its name; what the plan does not split is not."""
+    from diffusers.models._modeling_parallel import ContextParallelInput
+
+    from studio.engine.parallel.sequence import install_token_check
+
+    class Packed(torch.nn.Module):
+        def forward(self, hidden_states, encoder_hidden_states=None, txt_ids=None,
+                    pooled=None):
+            return hidden_states
+
+    tokens = ContextParallelInput(split_dim=1, expected_dims=3, split_output=False)
+    plan = {"": {"hidden_states": tokens, "encoder_hidden_states": tokens,
+                 "txt_ids": ContextParallelInput(split_dim=0, expected_dims=2,
+                                                 split_output=False)}}
+    model = Packed()
+    install_token_check(model, 4, plan)
+    model(hidden_states=torch.zeros(1, 64, 8), encoder_hidden_states=torch.zeros(1, 512, 8),
+          txt_ids=torch.zeros(512, 3), pooled=torch.zeros(1, 7))  # 7: not in the plan
+    with pytest.raises(ParallelConfigError, match="does not divide this job's 66 tokens of "
+                                                  "hidden_states"):
+        model(hidden_states=torch.zeros(1, 66, 8), encoder_hidden_states=torch.zeros(1, 512, 8))
+    with pytest.raises(ParallelConfigError, match="77 tokens of encoder_hidden_states"):
+        model(hidden_states=torch.zeros(1, 64, 8), encoder_hidden_states=torch.zeros(1, 77, 8))
+    with pytest.raises(ParallelConfigError, match="77 tokens of txt_ids"):
+        model(hidden_states=torch.zeros(1, 64, 8), txt_ids=torch.zeros(77, 3))
+    model(hidden_states=torch.zeros(1, 64, 8), txt_ids=torch.zeros(1, 77, 3))  # 3-D: unsplit
 
 
 def test_cfg_parallel_refuses_ltx2_with_the_reason(tmp_path):

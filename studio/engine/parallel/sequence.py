@@ -98,14 +98,15 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
                                ring_degree=config.ring_degree or None,
                                ulysses_anything=uneven_heads,
                                mesh=mesh.sequence_mesh if mesh is not None else None)
-    if not uneven_heads:  # diffusers' even sharder asserts; "Ulysses anything" splits any
-        install_token_check(transformer, config.sequence_degree)
     if config.ring_degree > 1 or name in OUR_ULYSSES_ATTENTION:
         from studio.engine.parallel.ring import install_ring_backend
 
         install_ring_backend(transformer)
     if name in TEXT_PADDING:
         install_text_padding(transformer, config.sequence_degree)
+    if not uneven_heads:  # diffusers' even sharder asserts; "Ulysses anything" splits any
+        # count. After the text padding: pre-hooks run in order, and it evens Qwen's text
+        install_token_check(transformer, config.sequence_degree, plan)
     with _cpu_ranks():
         transformer.enable_parallelism(config=cp, cp_plan=plan)
     # the step cache all-reduces its decision signal over this group (rank-consistent)
@@ -113,44 +114,76 @@ def apply_sequence_parallel(transformer: torch.nn.Module, config: ParallelConfig
                                           else dist.group.WORLD)
 
 
+#: denoisers whose diffusers plan splits the latent tokens inside the model (after the patch
+#: embedding: the rotary table and the first block's input), from a 5-D latent input
+LATENT_SPLIT_INSIDE = frozenset({"WanTransformer3DModel", "WanVACETransformer3DModel",
+                                 "ChronoEditTransformer3DModel"})
+
+
 def latent_token_count(transformer: torch.nn.Module, hidden_states: torch.Tensor) -> int | None:
-    """Tokens of the latent sequence a denoiser's forward will split over the sequence ranks.
+    """Tokens of the latent sequence a Wan-style denoiser splits over the sequence ranks.
 
     Args:
-        transformer: the denoiser (its ``config.patch_size`` for unpacked inputs).
-        hidden_states: (B, S, C) packed tokens (Flux, Flux2, LTX, Qwen-Image), or
-            (B, C, F, H, W) latents with a 3-D patch (Wan).
+        transformer: the denoiser (its ``config.patch_size``).
+        hidden_states: (B, C, F, H, W) latents with a 3-D patch.
 
     Returns:
-        S, or ``(F / pt) * (H / ph) * (W / pw)``; None for any other layout.
+        ``(F / pt) * (H / ph) * (W / pw)``; None for any other layout.
     """
     from studio.engine.attention import token_grid
 
     if not torch.is_tensor(hidden_states):
         return None
-    if hidden_states.dim() == 3:
-        return int(hidden_states.shape[1])
     grid = token_grid(transformer, hidden_states)
     return None if grid is None else grid[0] * grid[1] * grid[2]
 
 
-def install_token_check(transformer: torch.nn.Module, degree: int) -> None:
-    """Refuses, before any rank splits or communicates, a forward whose latent tokens do not
-    divide evenly over ``degree`` sequence ranks (diffusers' even sharder, which every rank
-    would reach, otherwise fails on an internal assertion). Every rank gets the same input,
-    so every rank raises the same error at the same point and the group stays in step.
+def install_token_check(transformer: torch.nn.Module, degree: int, plan: dict) -> None:
+    """Refuses, before any rank splits or communicates, a forward with a sequence that does
+    not divide evenly over ``degree`` sequence ranks (diffusers' even sharder, which every
+    rank would reach, otherwise fails on an internal assertion). Checked: every tensor the
+    plan's root entry splits (Flux, Flux2, LTX, Qwen-Image: the packed latent tokens
+    ``hidden_states`` and the text tokens ``encoder_hidden_states``, with their ids and
+    masks), and for :data:`LATENT_SPLIT_INSIDE` the latent tokens of the 5-D input. Every
+    rank gets the same input, so every rank raises the same error at the same point and the
+    group stays in step.
+
+    Args:
+        transformer: the denoiser the plan is applied to.
+        degree: ``ulysses_degree × ring_degree``.
+        plan: its context-parallel plan (diffusers' ``_cp_plan`` layout:
+            ``{module path: {argument: ContextParallelInput}}``, ``""`` the model itself).
 
     Raises (from the forward):
-        ParallelConfigError: naming the token count, the degree and what to change.
+        ParallelConfigError: naming the argument, its length, the degree and what to change.
     """
+    from diffusers.models._modeling_parallel import ContextParallelInput
+
+    root = {name: spec for name, spec in (plan.get("") or {}).items()
+            if isinstance(name, str) and isinstance(spec, ContextParallelInput)
+            and not spec.split_output}
+    inside = type(transformer).__name__ in LATENT_SPLIT_INSIDE
+
+    def refuse(what: str, count: int):
+        raise ParallelConfigError(
+            f"ulysses_degree × ring_degree = {degree} does not divide this job's {count} "
+            f"{what} (padding is not supported): pick a width, height, frame count or prompt "
+            f"length whose token count divides by {degree}, or a plan without sequence "
+            f"parallelism")
+
     def check(module, args, kwargs):
-        hidden = kwargs.get("hidden_states", args[0] if args else None)
-        tokens = latent_token_count(module, hidden)
-        if tokens is not None and tokens % degree:
-            raise ParallelConfigError(
-                f"ulysses_degree × ring_degree = {degree} does not divide this job's "
-                f"{tokens} latent tokens (padding is not supported): pick a width, height or "
-                f"frame count whose token count divides by {degree}, or a plan without "
-                f"sequence parallelism")
+        if inside:
+            tokens = latent_token_count(module, kwargs.get("hidden_states",
+                                                           args[0] if args else None))
+            if tokens is not None and tokens % degree:
+                refuse("latent tokens", tokens)
+        for name, spec in root.items():
+            value = kwargs.get(name)
+            if not torch.is_tensor(value) or (spec.expected_dims is not None
+                                              and value.dim() != spec.expected_dims):
+                continue  # diffusers splits only what matches the plan
+            length = int(value.shape[spec.split_dim])
+            if length % degree:
+                refuse(f"tokens of {name}", length)
 
     transformer.register_forward_pre_hook(check, with_kwargs=True)
