@@ -148,12 +148,39 @@ def last_checkpoint(out_dir: str | os.PathLike[str]) -> Path | None:
     return None
 
 
+def _state_without_new_modules(saved: dict, opt: torch.optim.Optimizer, task: TrainTask,
+                               fresh: list[str]) -> dict | None:
+    """``saved`` (an optimizer ``state_dict`` of the run before ``fresh`` modules joined)
+    re-indexed for ``opt``, whose groups hold the same parameters in the same order with the
+    fresh modules' parameters added: each old parameter keeps its moments, a new one gets
+    none. None when the groups do not line up (then the moments restart)."""
+    new = {id(p) for name in fresh for p in task.modules()[name].parameters()}
+    groups = opt.param_groups
+    if len(saved["param_groups"]) != len(groups):
+        return None
+    state, param_groups, index = {}, [], 0
+    for saved_group, group in zip(saved["param_groups"], groups, strict=True):
+        old = [i for i, p in enumerate(group["params"]) if id(p) not in new]
+        if len(old) != len(saved_group["params"]):
+            return None
+        ids = list(range(index, index + len(group["params"])))
+        for position, saved_id in zip(old, saved_group["params"], strict=True):
+            if saved_id in saved["state"]:
+                state[ids[position]] = saved["state"][saved_id]
+        param_groups.append({**saved_group, "params": ids})
+        index += len(group["params"])
+    return {"state": state, "param_groups": param_groups}
+
+
 def load_checkpoint(out_dir: Path, task: TrainTask,
                     opt: torch.optim.Optimizer | None = None) -> dict[str, Any] | None:
     """Loads the last complete checkpoint into ``task`` (and ``opt``); None if there is none.
 
     A module named in ``task.optional_modules`` whose file the checkpoint lacks keeps its
-    initial weights; the optimizer state is then not loaded (its parameter list changed).
+    initial weights. The optimizer's moments are loaded for every parameter the checkpoint
+    had (the saved order is the task's order without the new modules); the new modules'
+    parameters start with none. They restart for all only when ``opt``'s groups are not
+    the saved groups plus the new parameters (:func:`_state_without_new_modules`).
 
     Raises:
         FileNotFoundError: the checkpoint lacks a module that is not optional.
@@ -170,11 +197,20 @@ def load_checkpoint(out_dir: Path, task: TrainTask,
         if not path.exists():
             raise FileNotFoundError(f"checkpoint {ckpt} has no {path.name}")
         load_model(module, str(path))
-    if fresh:
-        log.warning("checkpoint %s: new modules %s start fresh; optimizer moments restart",
-                    ckpt, ", ".join(fresh))
-    elif opt is not None and (ckpt / "optimizer.pt").exists():
+    saved = None
+    if opt is not None and (ckpt / "optimizer.pt").exists():
         saved = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    if fresh:
+        kept = None if saved is None else _state_without_new_modules(saved, opt, task, fresh)
+        log.warning("checkpoint %s: new modules %s start fresh; %s", ckpt, ", ".join(fresh),
+                    "the other modules keep their optimizer moments" if kept is not None
+                    else "optimizer moments restart")
+        if kept is not None:
+            scales = [g.get("lr_scale", 1.0) for g in opt.param_groups]
+            opt.load_state_dict(kept)
+            for group, scale in zip(opt.param_groups, scales, strict=True):
+                group["lr_scale"] = scale
+    elif saved is not None:
         sizes = [len(g["params"]) for g in saved["param_groups"]]
         if sizes == [len(g["params"]) for g in opt.param_groups]:
             scales = [g.get("lr_scale", 1.0) for g in opt.param_groups]

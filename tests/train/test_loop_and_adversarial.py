@@ -41,11 +41,19 @@ def test_a_module_added_to_a_run_under_way_starts_fresh(tmp_path):
     load_checkpoint(tmp_path, trained)
     grown = Regression(extra=True)
     init = grown.extra.weight.detach().clone()
-    state = load_checkpoint(tmp_path, grown, torch.optim.AdamW(
-        [p for m in grown.modules().values() for p in m.parameters()]))
+    opt = torch.optim.AdamW([p for m in grown.modules().values() for p in m.parameters()])
+    state = load_checkpoint(tmp_path, grown, opt)
     assert state["step"] == 5
     assert torch.equal(grown.model.weight, trained.model.weight)  # the old module: loaded
     assert torch.equal(grown.extra.weight, init)  # the new one: as initialised
+    # the old module keeps its AdamW moments; the new one has none yet
+    saved = torch.load(tmp_path / "checkpoint" / "optimizer.pt", weights_only=True)
+    moments = {id(p): s for p, s in opt.state.items()}
+    model_params = list(grown.model.parameters())
+    for k, param in enumerate(model_params):
+        assert torch.equal(moments[id(param)]["exp_avg"], saved["state"][k]["exp_avg"])
+        assert float(moments[id(param)]["step"]) == 5
+    assert not any(id(p) in moments for p in grown.extra.parameters())
     assert train(grown, tmp_path, config, max_steps=8)["step"] == 8  # and training goes on
     other = tmp_path / "other"
     train(Regression(), other, config, max_steps=2)
