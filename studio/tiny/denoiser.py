@@ -337,6 +337,53 @@ def position_awareness_loss(head: torch.nn.Module, hidden: torch.Tensor, frames:
     return loss, float(right.float().mean())
 
 
+def layout_awareness_loss(head: torch.nn.Module, hidden: torch.Tensor, cover: torch.Tensor,
+                          patch: tuple[int, int], known: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy of a linear read-out of "the object is here" from each token of
+    a block's output: an auxiliary training loss like :func:`position_awareness_loss` (after
+    REPA, Yu et al. 2024), aimed at the position words.
+
+    Why: from noise, the only source of where the object goes is the caption. A denoiser
+    trained from random weights whose tokens knew their row and column (the position loss)
+    still did not read the position words 1900 steps later (swapping them changed its loss by
+    0.04 %, training/README.md, session 38): at the high noise levels where sampling places
+    the object, what it is worth in the flow-matching loss is small beside the noise. The
+    read-out asks each token, early in the network, whether it lies under the object, which
+    at high noise only the position (and size and shape) words answer.
+
+    Args:
+        head: maps (..., D) to (..., 1) logits.
+        hidden: (B, N, D) tokens of one block in Wan's (frame, row, column) order; the first
+            ``f * (h / ph) * (w / pw)`` are the latent frames (an appended reference frame
+            after them is not read).
+        cover: float32 (B, 1, f, h, w) in [0, 1] on the latent grid
+            (:meth:`DenoiserTask.latent_coverage`); each token's target is its patch's mean.
+        patch: (ph, pw), the denoiser's spatial patch.
+        known: bool (B,): the items scored (False where the caption was dropped).
+    Returns:
+        The mean cross-entropy over the known items' tokens (a 0-dim tensor; 0, still in the
+        graph, when no item is known).
+    Raises:
+        ValueError: the sequence is shorter than the cover's tokens, or the cover's sides do
+            not divide by the patch.
+    """
+    b, n, _ = hidden.shape
+    _, _, f, h, w = cover.shape
+    ph, pw = patch
+    if h % ph or w % pw:
+        raise ValueError(f"cover of {h} x {w} latent pixels does not divide into {ph} x {pw} "
+                         f"patches")
+    tokens = f * (h // ph) * (w // pw)
+    if n < tokens:
+        raise ValueError(f"hidden holds {n} tokens, fewer than the cover's {tokens}")
+    target = torch.nn.functional.avg_pool3d(cover.float(), (1, ph, pw)).reshape(b, tokens)
+    logits = head(hidden[:, :tokens].float())[..., 0]
+    per_item = torch.nn.functional.binary_cross_entropy_with_logits(
+        logits, target, reduction="none").mean(1)
+    weight = known.to(per_item.dtype)
+    return (per_item * weight).sum() / weight.sum().clamp_min(1.0)
+
+
 def latent_frame_groups(frames: int, temporal: int) -> list[slice]:
     """The pixel frames each latent frame of Wan's causal VAE encodes: latent frame 0 encodes
     frame 0, latent frame k the k-th group of ``temporal`` frames after it.
@@ -499,17 +546,23 @@ class DenoiserTask(TrainTask):
     from the same block's output. ``position_awareness`` P > 0 adds, on every step, P times
     :func:`position_awareness_loss` of a linear head (module ``position_head``, trained, not
     exported) reading each token's row and column from the same block's output.
+    ``layout_awareness`` L > 0 adds, on every step, L times :func:`layout_awareness_loss` of a
+    linear head (module ``layout_head``, trained, not exported) reading whether each token
+    lies under an object from the same block's output (it needs the object cover: set
+    ``object_weight`` or ``motion_weight``).
     """
 
     optional_modules = frozenset({"reference_encoder", "ema_reference_encoder", "frame_head",
-                                  "motion_head", "position_head"})
+                                  "motion_head", "position_head", "layout_head"})
     step_kinds = step_mix()  # the default mix; an instance's comes from reference_share
     motion_anchor = "first"  # the default; an instance's comes from motion_anchor
     motion_awareness = 0.0  # off by default, as are the heads
     position_awareness = 0.0
+    layout_awareness = 0.0
     frame_head: torch.nn.Module | None = None
     motion_head: torch.nn.Module | None = None
     position_head: torch.nn.Module | None = None
+    layout_head: torch.nn.Module | None = None
 
     def __init__(self, device: torch.device, vae, *, image_batch: int = 48,
                  clip_batch: int = 12, ema_decay: float = 0.999, pool: bool = False,
@@ -518,7 +571,8 @@ class DenoiserTask(TrainTask):
                  object_weight: float = 0.0, motion_weight: float = 0.0,
                  image_share: float | None = None, frame_awareness: float = 0.0,
                  frame_awareness_block: int = 1, motion_anchor: str = "first",
-                 motion_awareness: float = 0.0, position_awareness: float = 0.0):
+                 motion_awareness: float = 0.0, position_awareness: float = 0.0,
+                 layout_awareness: float = 0.0):
         import copy
 
         step_kinds = step_mix(reference_share, image_share)  # bad input fails before building
@@ -546,6 +600,12 @@ class DenoiserTask(TrainTask):
         if not 0.0 <= position_awareness <= 10.0:
             raise ValueError(f"position_awareness={position_awareness}: must be in [0, 10]")
         self.position_awareness = position_awareness
+        if not 0.0 <= layout_awareness <= 10.0:
+            raise ValueError(f"layout_awareness={layout_awareness}: must be in [0, 10]")
+        if layout_awareness > 0 and not (object_weight or motion_weight):
+            raise ValueError("layout_awareness needs the object cover: set object_weight or "
+                             "motion_weight above 0")
+        self.layout_awareness = layout_awareness
         self.eval_modes = ("t2i",)  # each checkpoint's eval line; the dit stage adds "t2v"
         self.eval_prompts = 32  # held-out prompts per mode of each eval line
         self.noise_level_mean = noise_level_mean
@@ -568,6 +628,8 @@ class DenoiserTask(TrainTask):
             self.motion_head = torch.nn.Linear(width, 3).to(device)
         if position_awareness > 0:
             self.position_head = torch.nn.Linear(width, 2 * MAX_TOKEN_SIDE).to(device)
+        if layout_awareness > 0:
+            self.layout_head = torch.nn.Linear(width, 1).to(device)
         self.image_batch, self.clip_batch, self.ema_decay = image_batch, clip_batch, ema_decay
         self.step_kinds = step_kinds
         self.latents_mean, self.latents_std = self.latent_stats()
@@ -579,7 +641,8 @@ class DenoiserTask(TrainTask):
                    "ema_text_encoder": self.ema_text, "ema_transformer": self.ema_transformer,
                    "ema_reference_encoder": self.ema_reference_encoder}
         for name, head in (("frame_head", self.frame_head), ("motion_head", self.motion_head),
-                           ("position_head", self.position_head)):
+                           ("position_head", self.position_head),
+                           ("layout_head", self.layout_head)):
             if head is not None:
                 modules[name] = head
         return modules
@@ -698,11 +761,11 @@ class DenoiserTask(TrainTask):
                 latent_weight = latent_weight + self.motion_weight * (
                     cover - cover[:, :, k:k + 1]).abs()
         head, motion_head = self.frame_head, self.motion_head
-        position_head = self.position_head
+        position_head, layout_head = self.position_head, self.layout_head
         captured = []
         hook = None
         if ((head is not None or motion_head is not None) and x0.shape[2] > 1) or \
-                position_head is not None:
+                position_head is not None or layout_head is not None:
             block = self.transformer.blocks[self.frame_awareness_block]
             hook = block.register_forward_hook(lambda _m, _a, out: captured.append(out))
         try:
@@ -719,6 +782,13 @@ class DenoiserTask(TrainTask):
                                                       x0.shape[3] // ph, x0.shape[4] // pw)
             loss = loss + self.position_awareness * aware
             metrics["position_ce"], metrics["position_acc"] = float(aware.detach()), accuracy
+        if captured and layout_head is not None and batch.object_cover is not None:
+            _, ph, pw = self.transformer.config.patch_size
+            known = torch.tensor([c != "" for c in captions], device=self.device)
+            layout = layout_awareness_loss(layout_head, captured[0], batch.object_cover,
+                                           (ph, pw), known)
+            loss = loss + self.layout_awareness * layout
+            metrics["layout_bce"] = float(layout.detach())
         if captured and head is not None and x0.shape[2] > 1:
             aware, accuracy = frame_awareness_loss(head, captured[0], frames)
             loss = loss + self.frame_awareness * aware

@@ -96,7 +96,7 @@ SNAPSHOT_PARTS = (("transformer", "diffusion_pytorch_model.safetensors"),
 OPTIONAL_SNAPSHOT_PARTS = (("reference_encoder", "model.safetensors"),)
 # heads of auxiliary losses that a run trains but no export holds (no EMA copy): a snapshot
 # carries their live weights, so a restored run does not start them fresh
-TRAINING_ONLY_PARTS = ("frame_head", "motion_head", "position_head")
+TRAINING_ONLY_PARTS = ("frame_head", "motion_head", "position_head", "layout_head")
 DECODER_KEYS = ("decoder.", "post_quant_conv.")
 RECIPE_LOG = "recipe_log.jsonl"  # one line per sitting of run_recipe, in the run's folder
 
@@ -394,7 +394,9 @@ _RECIPE_DIT = ("--total-steps", "25000", "--checkpoint-every", "600", "--referen
 #: position-awareness loss joins (weight 0.3 at block 1): the run of record reached step
 #: 17501 without it and its tokens never learned where they are, so the position words did
 #: nothing (training/README.md, session 38); the shipped lineage had learned it over its
-#: longer training. Issue 3's budget: about 10 hours on 2 cores in all.
+#: longer training. From step 19600 the layout-awareness loss joins too (weight 1): with
+#: their rows and columns known, the tokens still did not read the position words.
+#: Issue 3's budget: about 10 hours on 2 cores in all.
 RECIPE: tuple[RecipePhase, ...] = (
     RecipePhase("vae", 6000, ("--spatial-compression", "2", "--temporal-compression", "2",
                               "--clip-share", "0.5", "--object-weight", "20",
@@ -402,8 +404,10 @@ RECIPE: tuple[RecipePhase, ...] = (
                               "--checkpoint-every", "600")),
     RecipePhase("dit", 10000, (*_RECIPE_DIT, "--image-share", "0.3", "--noise-level-mean", "1.0")),
     RecipePhase("dit", 17500, (*_RECIPE_DIT, "--image-share", "0.1", "--noise-level-mean", "2.0")),
-    RecipePhase("dit", 25000, (*_RECIPE_DIT, "--image-share", "0.1", "--noise-level-mean", "2.0",
+    RecipePhase("dit", 19600, (*_RECIPE_DIT, "--image-share", "0.1", "--noise-level-mean", "2.0",
                                "--position-awareness", "0.3")),
+    RecipePhase("dit", 25000, (*_RECIPE_DIT, "--image-share", "0.1", "--noise-level-mean", "2.0",
+                               "--position-awareness", "0.3", "--layout-awareness", "1.0")),
 )
 
 
@@ -622,6 +626,11 @@ def main(argv: list[str] | None = None, stop: dict | None = None) -> int:
                              "column in its frame from block --frame-awareness-block's output "
                              "through a linear head, on every step (not exported; default 0: "
                              "off; 0-10)")
+    parser.add_argument("--layout-awareness", type=float, default=0.0,
+                        help="dit: weight of an auxiliary loss reading whether each token "
+                             "lies under an object from block --frame-awareness-block's output "
+                             "through a linear head, on every step (not exported; default 0: "
+                             "off; 0-10; needs --object-weight or --motion-weight)")
     parser.add_argument("--reference-alignment", type=float, default=0.0,
                         help="dit: weight of the loss pulling the first two reference tokens "
                              "onto the text embeddings of the object's colour and shape words "
@@ -669,6 +678,8 @@ def main(argv: list[str] | None = None, stop: dict | None = None) -> int:
         parser.error(f"--gradient-tilt must be in [0, 1], got {args.gradient_tilt}")
     if not 0 <= args.frame_awareness <= 10:
         parser.error(f"--frame-awareness must be in [0, 10], got {args.frame_awareness}")
+    if not 0 <= args.layout_awareness <= 10:
+        parser.error(f"--layout-awareness must be in [0, 10], got {args.layout_awareness}")
     if not 0 <= args.position_awareness <= 10:
         parser.error(f"--position-awareness must be in [0, 10], got {args.position_awareness}")
     if not 0 <= args.motion_awareness <= 10:
@@ -850,7 +861,8 @@ def _denoiser_stage(args, out: Path, device, vae, stop) -> int:
                         motion_anchor=args.motion_anchor,
                         motion_awareness=args.motion_awareness if args.stage == "dit" else 0.0,
                         position_awareness=args.position_awareness
-                        if args.stage == "dit" else 0.0)
+                        if args.stage == "dit" else 0.0,
+                        layout_awareness=args.layout_awareness if args.stage == "dit" else 0.0)
     if args.stage == "dit":
         task.eval_modes = ("t2i", "t2v")  # motion is only seen in clips
         if args.init_denoiser is not None and not (out / "dit" / "checkpoint" /

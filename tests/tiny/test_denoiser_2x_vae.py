@@ -396,7 +396,9 @@ def test_frame_awareness_trains_a_head_on_clip_steps_only(monkeypatch):
 
 @pytest.mark.parametrize("part, options", [("frame_head", {"frame_awareness": 0.5}),
                                            ("motion_head", {"motion_awareness": 2.0}),
-                                           ("position_head", {"position_awareness": 0.3})])
+                                           ("position_head", {"position_awareness": 0.3}),
+                                           ("layout_head", {"layout_awareness": 1.0,
+                                                            "object_weight": 10.0})])
 def test_snapshot_and_restore_carry_the_training_only_heads(tmp_path, caplog, part, options):
     """A training-only head (the frame- and motion-awareness heads) has no EMA copy and no
     place in an export: the snapshot carries its live weights, so a restored run goes on
@@ -674,3 +676,73 @@ def test_position_awareness_trains_a_head_on_image_and_clip_steps(monkeypatch):
                                         [("red", "circle")], None)
     task.loss(ref, gen)
     assert seen == {"frames": 6, "rows": 8, "columns": 8}
+
+
+def test_layout_awareness_loss_reads_where_the_object_is_and_can_fail():
+    from studio.tiny.denoiser import layout_awareness_loss
+
+    torch.manual_seed(0)
+    b, f, h, w, dim = 2, 2, 6, 10, 8  # 3 x 5 tokens of 2 x 2 patches per frame
+    cover = torch.zeros(b, 1, f, h, w)
+    cover[0, :, :, 0:2, 2:6] = 1.0  # item 0: tokens (0, 1) and (0, 2) of each frame
+    cover[1, :, 1, 4:6, 8:10] = 1.0  # item 1: token (2, 4) of its second frame
+    target = torch.nn.functional.avg_pool3d(cover, (1, 2, 2)).reshape(b, -1)
+    head = torch.nn.Linear(dim, 1)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.weight[0, 0] = 40.0
+        head.bias.fill_(-20.0)
+    # tokens whose first channel says "object here", plus an appended reference frame
+    hidden = torch.zeros(b, f * 15 + 15, dim)
+    hidden[:, : f * 15, 0] = target
+    known = torch.tensor([True, True])
+    assert float(layout_awareness_loss(head, hidden, cover, (2, 2), known)) < 1e-6
+    # the same tokens, the object mirrored: wrong wherever either copy lies
+    mirrored = hidden.clone()
+    mirrored[:, : f * 15, 0] = target.reshape(b, f, 3, 5).flip(3).reshape(b, -1)
+    assert float(layout_awareness_loss(head, mirrored, cover, (2, 2), known)) > 1.0
+    # unknown items do not count; none known: 0
+    only_first = layout_awareness_loss(head, mirrored, cover, (2, 2), torch.tensor([True, False]))
+    item0 = layout_awareness_loss(head, mirrored[:1], cover[:1], (2, 2),
+                                  torch.tensor([True]))
+    assert float(only_first) == pytest.approx(float(item0))
+    assert float(layout_awareness_loss(head, mirrored, cover, (2, 2),
+                                       torch.tensor([False, False]))) == 0.0
+    with pytest.raises(ValueError, match="does not divide"):
+        layout_awareness_loss(head, hidden, cover, (4, 4), known)
+    with pytest.raises(ValueError, match="fewer than"):
+        layout_awareness_loss(head, hidden[:, :20], cover, (2, 2), known)
+
+
+def test_layout_awareness_trains_a_head_and_skips_dropped_captions(monkeypatch):
+    import studio.tiny.denoiser as denoiser_module
+
+    torch.manual_seed(0)
+    vae = build_vae(spatial_compression=2, temporal_compression=2)
+    with pytest.raises(ValueError, match="layout_awareness needs the object cover"):
+        DenoiserTask(torch.device("cpu"), vae, layout_awareness=1.0)
+    task = DenoiserTask(torch.device("cpu"), vae, image_batch=2, clip_batch=1,
+                        layout_awareness=0.7, object_weight=10.0)
+    assert "layout_head" in task.modules() and "layout_head" in task.optional_modules
+    cover = torch.zeros(2, 1, 1, 32, 32)
+    cover[:, :, :, :8, :8] = 1.0
+    image = denoiser_module.DenoiserBatch(["a red circle at the top left", ""],
+                                          torch.randn(2, 8, 1, 32, 32), None, np.zeros(2, bool),
+                                          None, cover)
+    gen = torch.Generator().manual_seed(0)
+    loss, metrics = task.loss(image, gen)
+    assert metrics["layout_bce"] > 0
+    loss.backward()
+    assert task.layout_head.weight.grad.abs().sum() > 0
+    seen = {}
+    real = denoiser_module.layout_awareness_loss
+
+    def spy(head, hidden, cover, patch, known):
+        seen.update(patch=patch, known=known.tolist(), tokens=hidden.shape[1])
+        return real(head, hidden, cover, patch, known)
+
+    monkeypatch.setattr(denoiser_module, "layout_awareness_loss", spy)
+    monkeypatch.setattr(denoiser_module, "flow_matching_loss", _any_blocks_loss)
+    loss, metrics = task.loss(image, gen)
+    assert float(loss) == pytest.approx(0.7 * metrics["layout_bce"], rel=1e-5)
+    assert seen == {"patch": (4, 4), "known": [True, False], "tokens": 64}

@@ -122,14 +122,15 @@ def test_recipe_refuses_bad_phases_and_its_own_flags(tmp_path, capsys):
 def test_the_shipped_recipe_is_issue_3s_budget_on_one_schedule():
     """The phases parse as the trainer's own arguments, one cosine schedule spans the
     denoiser's phases, and the VAE is the one the shipped model's latents come from."""
-    assert [p.stage for p in RECIPE] == ["vae", "dit", "dit", "dit"]
+    assert [p.stage for p in RECIPE] == ["vae", "dit", "dit", "dit", "dit"]
     dit = [p for p in RECIPE if p.stage == "dit"]
     totals = {p.flags[p.flags.index("--total-steps") + 1] for p in dit}
     assert totals == {str(dit[-1].until)}
-    # the position-awareness loss is the last phase's only new term (session 38)
-    assert "--position-awareness" in dit[-1].flags and \
-        not any("--position-awareness" in p.flags for p in dit[:-1])
-    assert dit[-1].flags == (*dit[-2].flags, "--position-awareness", "0.3")
+    # the position-awareness loss, then the layout-awareness loss, join the last phases,
+    # each its phase's only new term (session 38)
+    assert dit[-2].flags == (*dit[-3].flags, "--position-awareness", "0.3")
+    assert dit[-1].flags == (*dit[-2].flags, "--layout-awareness", "1.0")
+    assert not any("--position-awareness" in p.flags for p in dit[:-2])
     vae = RECIPE[0].flags
     shipped = json.loads(Path("training/tiny/v3/vae/architecture.json").read_text())
     assert vae[vae.index("--spatial-compression") + 1] == str(shipped["spatial_compression"])
