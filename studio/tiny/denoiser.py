@@ -215,6 +215,9 @@ class DenoiserBatch(NamedTuple):
         motion_target: with ``DenoiserTask.motion_awareness`` on clip steps: the
             :func:`motion_targets` of the scenes, ``(target float32 (B, f, 3), known bool
             (B,))``, where ``known`` is also False for a dropped caption; else None.
+        shape_cover: with ``DenoiserTask.shape_awareness``: float32 (B, len(world.SHAPES),
+            f, h, w), the object cover per shape (:meth:`DenoiserTask.latent_coverage` with
+            ``by_shape``); else None.
     """
 
     captions: list[str]
@@ -224,6 +227,7 @@ class DenoiserBatch(NamedTuple):
     ref_objects: list[tuple[str, str]] | None = None
     object_cover: torch.Tensor | None = None
     motion_target: tuple[torch.Tensor, torch.Tensor] | None = None
+    shape_cover: torch.Tensor | None = None
 
 
 def reference_word_targets(task: DenoiserTask, objects: list[tuple[str, str]],
@@ -382,6 +386,65 @@ def layout_awareness_loss(head: torch.nn.Module, hidden: torch.Tensor, cover: to
         logits, target, reduction="none").mean(1)
     weight = known.to(per_item.dtype)
     return (per_item * weight).sum() / weight.sum().clamp_min(1.0)
+
+
+#: A token's shape label counts when its patch's mean cover by objects of one shape is at
+#: least this (:func:`shape_awareness_loss`).
+SHAPE_TOKEN_COVER = 0.25
+
+
+def shape_awareness_loss(head: torch.nn.Module, hidden: torch.Tensor, shape_cover: torch.Tensor,
+                         patch: tuple[int, int], known: torch.Tensor
+                         ) -> tuple[torch.Tensor, float | None]:
+    """Cross-entropy of a linear read-out of the shape of the object under each token from a
+    block's output: an auxiliary training loss like :func:`layout_awareness_loss` (after
+    REPA, Yu et al. 2024), aimed at the shape words.
+
+    Why: the from-scratch recipe run (training/README.md, sessions 37-38) learned colour,
+    position and motion but drew stars as circles or squares (shape 55-62 % at step 25000,
+    bar 75 %); its loss hardly moved when the shape word was swapped (+0.06, against +0.41
+    for the shipped model). At high noise only the caption says which shape goes where; the
+    read-out asks each token under an object, early in the network, which shape it is.
+
+    Args:
+        head: maps (..., D) to (..., K) logits, K = ``len(world.SHAPES)``.
+        hidden: (B, N, D) tokens of one block in Wan's (frame, row, column) order; the first
+            ``f * (h / ph) * (w / pw)`` are the latent frames (an appended reference frame
+            after them is not read).
+        shape_cover: float32 (B, K, f, h, w) in [0, 1] on the latent grid, one plane per
+            shape (:meth:`DenoiserTask.latent_coverage` with ``by_shape``).
+        patch: (ph, pw), the denoiser's spatial patch.
+        known: bool (B,): the items scored (False where the caption was dropped).
+    Returns:
+        (the mean cross-entropy over the scored tokens: those of known items whose patch is
+        covered at least :data:`SHAPE_TOKEN_COVER` by one shape, labelled with the shape
+        covering most; a 0-dim tensor, 0 and still in the graph when none is scored; the
+        share of scored tokens whose arg-max is right, None when none is).
+    Raises:
+        ValueError: the sequence is shorter than the cover's tokens, the cover's sides do not
+            divide by the patch, or the head's logits are not one per shape plane.
+    """
+    b, n, _ = hidden.shape
+    _, k, f, h, w = shape_cover.shape
+    ph, pw = patch
+    if h % ph or w % pw:
+        raise ValueError(f"shape_cover of {h} x {w} latent pixels does not divide into "
+                         f"{ph} x {pw} patches")
+    tokens = f * (h // ph) * (w // pw)
+    if n < tokens:
+        raise ValueError(f"hidden holds {n} tokens, fewer than the cover's {tokens}")
+    logits = head(hidden[:, :tokens].float())  # (B, T, K)
+    if logits.shape[-1] != k:
+        raise ValueError(f"the head gives {logits.shape[-1]} logits for {k} shape planes")
+    pooled = torch.nn.functional.avg_pool3d(shape_cover.float(), (1, ph, pw)).reshape(b, k,
+                                                                                      tokens)
+    mass, label = pooled.max(1)  # (B, T)
+    scored = (mass >= SHAPE_TOKEN_COVER) & known.view(b, 1)
+    if not bool(scored.any()):
+        return logits.sum() * 0.0, None
+    picked = logits[scored]
+    loss = torch.nn.functional.cross_entropy(picked, label[scored])
+    return loss, float((picked.argmax(-1) == label[scored]).float().mean())
 
 
 def latent_frame_groups(frames: int, temporal: int) -> list[slice]:
@@ -549,20 +612,25 @@ class DenoiserTask(TrainTask):
     ``layout_awareness`` L > 0 adds, on every step, L times :func:`layout_awareness_loss` of a
     linear head (module ``layout_head``, trained, not exported) reading whether each token
     lies under an object from the same block's output (it needs the object cover: set
-    ``object_weight`` or ``motion_weight``).
+    ``object_weight`` or ``motion_weight``). ``shape_awareness`` S > 0 adds, on every step,
+    S times :func:`shape_awareness_loss` of a linear head (module ``shape_head``, trained, not
+    exported) reading the shape of the object under each token from the same block's output.
     """
 
     optional_modules = frozenset({"reference_encoder", "ema_reference_encoder", "frame_head",
-                                  "motion_head", "position_head", "layout_head"})
+                                  "motion_head", "position_head", "layout_head",
+                                  "shape_head"})
     step_kinds = step_mix()  # the default mix; an instance's comes from reference_share
     motion_anchor = "first"  # the default; an instance's comes from motion_anchor
     motion_awareness = 0.0  # off by default, as are the heads
     position_awareness = 0.0
     layout_awareness = 0.0
+    shape_awareness = 0.0
     frame_head: torch.nn.Module | None = None
     motion_head: torch.nn.Module | None = None
     position_head: torch.nn.Module | None = None
     layout_head: torch.nn.Module | None = None
+    shape_head: torch.nn.Module | None = None
 
     def __init__(self, device: torch.device, vae, *, image_batch: int = 48,
                  clip_batch: int = 12, ema_decay: float = 0.999, pool: bool = False,
@@ -572,7 +640,7 @@ class DenoiserTask(TrainTask):
                  image_share: float | None = None, frame_awareness: float = 0.0,
                  frame_awareness_block: int = 1, motion_anchor: str = "first",
                  motion_awareness: float = 0.0, position_awareness: float = 0.0,
-                 layout_awareness: float = 0.0):
+                 layout_awareness: float = 0.0, shape_awareness: float = 0.0):
         import copy
 
         step_kinds = step_mix(reference_share, image_share)  # bad input fails before building
@@ -606,6 +674,9 @@ class DenoiserTask(TrainTask):
             raise ValueError("layout_awareness needs the object cover: set object_weight or "
                              "motion_weight above 0")
         self.layout_awareness = layout_awareness
+        if not 0.0 <= shape_awareness <= 10.0:
+            raise ValueError(f"shape_awareness={shape_awareness}: must be in [0, 10]")
+        self.shape_awareness = shape_awareness
         self.eval_modes = ("t2i",)  # each checkpoint's eval line; the dit stage adds "t2v"
         self.eval_prompts = 32  # held-out prompts per mode of each eval line
         self.noise_level_mean = noise_level_mean
@@ -630,6 +701,8 @@ class DenoiserTask(TrainTask):
             self.position_head = torch.nn.Linear(width, 2 * MAX_TOKEN_SIDE).to(device)
         if layout_awareness > 0:
             self.layout_head = torch.nn.Linear(width, 1).to(device)
+        if shape_awareness > 0:
+            self.shape_head = torch.nn.Linear(width, len(world.SHAPES)).to(device)
         self.image_batch, self.clip_batch, self.ema_decay = image_batch, clip_batch, ema_decay
         self.step_kinds = step_kinds
         self.latents_mean, self.latents_std = self.latent_stats()
@@ -642,7 +715,8 @@ class DenoiserTask(TrainTask):
                    "ema_reference_encoder": self.ema_reference_encoder}
         for name, head in (("frame_head", self.frame_head), ("motion_head", self.motion_head),
                            ("position_head", self.position_head),
-                           ("layout_head", self.layout_head)):
+                           ("layout_head", self.layout_head),
+                           ("shape_head", self.shape_head)):
             if head is not None:
                 modules[name] = head
         return modules
@@ -680,24 +754,41 @@ class DenoiserTask(TrainTask):
         return WanPipeline._get_t5_prompt_embeds(host, captions, 1, TEXT_LEN, self.device,
                                                  torch.float32)
 
-    def latent_coverage(self, specs, video: bool) -> torch.Tensor | None:
+    def latent_coverage(self, specs, video: bool, *, by_shape: bool = False
+                        ) -> torch.Tensor | None:
         """Where the scenes' objects are on the latent grid: float32 (B, 1, f, h, w) in
         [0, 1], each latent pixel the maximum of :func:`world.object_coverage` over the
         pixels and frames it encodes (:func:`latent_frame_groups`), widened by one latent
-        pixel so outlines count in full. None when ``object_weight`` and ``motion_weight``
-        are 0."""
-        if not (getattr(self, "object_weight", 0.0) or getattr(self, "motion_weight", 0.0)):
+        pixel so outlines count in full. With ``by_shape``, (B, len(world.SHAPES), f, h, w):
+        one plane per shape (its maximum over the planes is the plain cover). None when
+        ``object_weight`` and ``motion_weight`` are 0 (and ``by_shape`` is False)."""
+        if not by_shape and not (getattr(self, "object_weight", 0.0)
+                                 or getattr(self, "motion_weight", 0.0)):
             return None
-        cover = np.stack([world.object_coverage(s, CLIP_FRAMES if video else None, SIZE, SIZE)
-                          for s in specs])
+        cover = np.stack([world.object_coverage(s, CLIP_FRAMES if video else None, SIZE, SIZE,
+                                                by_shape=by_shape) for s in specs])
         cover = torch.from_numpy(cover).to(self.device)
-        cover = cover[:, None] if video else cover[:, None, None]  # (B, 1, F, H, W)
+        if not by_shape:
+            cover = cover[:, None]  # (B, 1, [F,] H, W)
+        if not video:
+            cover = cover[:, :, None]  # (B, P, F, H, W)
         if video:
             groups = latent_frame_groups(CLIP_FRAMES, temporal_compression_of(self.vae))
             cover = torch.stack([cover[:, :, g].amax(dim=2) for g in groups], dim=2)
         sc = spatial_compression_of(self.vae)
         cover = torch.nn.functional.max_pool3d(cover, (1, sc, sc))
         return torch.nn.functional.max_pool3d(cover, (1, 3, 3), 1, (0, 1, 1))
+
+    def batch_covers(self, specs, video: bool) -> dict[str, torch.Tensor | None]:
+        """A batch's ``object_cover`` and ``shape_cover`` (:class:`DenoiserBatch`): each
+        None when no weight or head needs it; with ``shape_awareness`` the plain cover is
+        the per-shape cover's maximum over its planes (drawn once)."""
+        if not getattr(self, "shape_awareness", 0.0):
+            return {"object_cover": self.latent_coverage(specs, video), "shape_cover": None}
+        shapes = self.latent_coverage(specs, video, by_shape=True)
+        plain = getattr(self, "object_weight", 0.0) or getattr(self, "motion_weight", 0.0)
+        return {"object_cover": shapes.amax(1, keepdim=True) if plain else None,
+                "shape_cover": shapes}
 
     def batch_motion_targets(self, specs, video: bool, dropped: np.ndarray
                              ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -731,8 +822,8 @@ class DenoiserTask(TrainTask):
         drop = rng.random(n) < 0.1
         captions = ["" if d else c for c, d in zip(captions, drop, strict=True)]
         return DenoiserBatch(captions, pixels, refs, first_frame, objects,
-                             self.latent_coverage(specs, video),
-                             self.batch_motion_targets(specs, video, drop))
+                             motion_target=self.batch_motion_targets(specs, video, drop),
+                             **self.batch_covers(specs, video))
 
     def loss(self, batch: DenoiserBatch, gen):
         captions, pixels, refs, first_frame, ref_objects = batch[:5]
@@ -762,10 +853,11 @@ class DenoiserTask(TrainTask):
                     cover - cover[:, :, k:k + 1]).abs()
         head, motion_head = self.frame_head, self.motion_head
         position_head, layout_head = self.position_head, self.layout_head
+        shape_head = getattr(self, "shape_head", None)
         captured = []
         hook = None
         if ((head is not None or motion_head is not None) and x0.shape[2] > 1) or \
-                position_head is not None or layout_head is not None:
+                position_head is not None or layout_head is not None or shape_head is not None:
             block = self.transformer.blocks[self.frame_awareness_block]
             hook = block.register_forward_hook(lambda _m, _a, out: captured.append(out))
         try:
@@ -789,6 +881,15 @@ class DenoiserTask(TrainTask):
                                            (ph, pw), known)
             loss = loss + self.layout_awareness * layout
             metrics["layout_bce"] = float(layout.detach())
+        if captured and shape_head is not None and batch.shape_cover is not None:
+            _, ph, pw = self.transformer.config.patch_size
+            known = torch.tensor([c != "" for c in captions], device=self.device)
+            shape_ce, accuracy = shape_awareness_loss(shape_head, captured[0],
+                                                      batch.shape_cover, (ph, pw), known)
+            loss = loss + self.shape_awareness * shape_ce
+            metrics["shape_ce"] = float(shape_ce.detach())
+            if accuracy is not None:
+                metrics["shape_acc"] = accuracy
         if captured and head is not None and x0.shape[2] > 1:
             aware, accuracy = frame_awareness_loss(head, captured[0], frames)
             loss = loss + self.frame_awareness * aware
@@ -1002,8 +1103,8 @@ class LatentPool:
         captions = ["" if d else c for c, d in zip(captions, drop, strict=True)]
         specs = [p[0] for p in picked]
         return DenoiserBatch(captions, latents, refs, first_frame, objects,
-                             self.task.latent_coverage(specs, video),
-                             self.task.batch_motion_targets(specs, video, drop))
+                             motion_target=self.task.batch_motion_targets(specs, video, drop),
+                             **self.task.batch_covers(specs, video))
 
 
 def _ridge(x: torch.Tensor, y: torch.Tensor, ridge: float,

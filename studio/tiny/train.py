@@ -96,7 +96,8 @@ SNAPSHOT_PARTS = (("transformer", "diffusion_pytorch_model.safetensors"),
 OPTIONAL_SNAPSHOT_PARTS = (("reference_encoder", "model.safetensors"),)
 # heads of auxiliary losses that a run trains but no export holds (no EMA copy): a snapshot
 # carries their live weights, so a restored run does not start them fresh
-TRAINING_ONLY_PARTS = ("frame_head", "motion_head", "position_head", "layout_head")
+TRAINING_ONLY_PARTS = ("frame_head", "motion_head", "position_head", "layout_head",
+                       "shape_head")
 DECODER_KEYS = ("decoder.", "post_quant_conv.")
 RECIPE_LOG = "recipe_log.jsonl"  # one line per sitting of run_recipe, in the run's folder
 
@@ -382,20 +383,23 @@ class RecipePhase(NamedTuple):
 _RECIPE_DIT = ("--total-steps", "25000", "--checkpoint-every", "600", "--reference-share", "0.3",
                "--reference-alignment", "0.5", "--object-weight", "10", "--motion-weight", "30",
                "--motion-anchor", "middle", "--frame-awareness", "0.3",
-               "--frame-awareness-block", "1", "--motion-awareness", "3")
+               "--frame-awareness-block", "1", "--motion-awareness", "3",
+               "--position-awareness", "0.3", "--layout-awareness", "1.0",
+               "--shape-awareness", "1.0")
 
 #: The embedded model from nothing, as one resumable command (``python -m studio.tiny.train
 #: recipe``): the VAE of ``training/tiny/v3`` (2x spatial, 2x temporal compression, object-
 #: weighted loss, 6000 steps), then the denoiser from random weights on its latents over one
 #: cosine schedule of 25000 steps: steps 0-10000 with 30 % images and the noise levels drawn
 #: around s = 0.73 (logit-normal mean 1), then 10000-25000 on clips and references (10 %
-#: images) around s = 0.88 (mean 2), where the motion words must act. Every loss term is the
-#: one the shipped lineage ended on (training/README.md, sessions 27-32). From step 17500 the
-#: position-awareness loss joins (weight 0.3 at block 1): the run of record reached step
-#: 17501 without it and its tokens never learned where they are, so the position words did
-#: nothing (training/README.md, session 38); the shipped lineage had learned it over its
-#: longer training. From step 19600 the layout-awareness loss joins too (weight 1): with
-#: their rows and columns known, the tokens still did not read the position words.
+#: images) around s = 0.88 (mean 2), where the motion words must act. The flow-matching
+#: terms are the ones the shipped lineage ended on (training/README.md, sessions 27-32);
+#: the read-outs of block 1 (frame, motion, position, layout and shape: training-only heads)
+#: run from step 0. Why: the first recipe run (training/README.md, sessions 36-38, snapshot
+#: history of ``training/tiny/scratch`` up to commit bdef0d1) had only the frame and motion
+#: read-outs and did not read its position words until the position and layout read-outs
+#: joined late (step 17500 and 19600); position then went from chance to 0.94 in 5300
+#: steps, but shape stayed at 0.55-0.62 (bar 0.75) with its words barely read.
 #: Issue 3's budget: about 10 hours on 2 cores in all.
 RECIPE: tuple[RecipePhase, ...] = (
     RecipePhase("vae", 6000, ("--spatial-compression", "2", "--temporal-compression", "2",
@@ -403,16 +407,13 @@ RECIPE: tuple[RecipePhase, ...] = (
                               "--reconstruction-metrics", "--total-steps", "6000",
                               "--checkpoint-every", "600")),
     RecipePhase("dit", 10000, (*_RECIPE_DIT, "--image-share", "0.3", "--noise-level-mean", "1.0")),
-    RecipePhase("dit", 17500, (*_RECIPE_DIT, "--image-share", "0.1", "--noise-level-mean", "2.0")),
-    RecipePhase("dit", 19600, (*_RECIPE_DIT, "--image-share", "0.1", "--noise-level-mean", "2.0",
-                               "--position-awareness", "0.3")),
-    RecipePhase("dit", 25000, (*_RECIPE_DIT, "--image-share", "0.1", "--noise-level-mean", "2.0",
-                               "--position-awareness", "0.3", "--layout-awareness", "1.0")),
+    RecipePhase("dit", 25000, (*_RECIPE_DIT, "--image-share", "0.1", "--noise-level-mean", "2.0")),
 )
 
 
 # what the recipe stage takes from the command line; every other flag is a phase's own
-RECIPE_ARGUMENTS = frozenset({"stage", "out", "minutes", "seed", "threads", "dest", "committed"})
+RECIPE_ARGUMENTS = frozenset({"stage", "out", "minutes", "seed", "threads", "dest", "committed",
+                              "vae_from"})
 
 
 def _checkpoint_state(run: Path) -> dict:
@@ -423,15 +424,68 @@ def _checkpoint_state(run: Path) -> dict:
         {"step": 0, "elapsed_s": 0.0}
 
 
+def take_vae(out: Path, committed: Path, recipe: tuple[RecipePhase, ...] = RECIPE) -> str:
+    """Copies the trained VAE of the committed folder ``committed/vae`` (checkpoint, logs,
+    architecture; each file whole or not at all) into ``out/vae``, after checking it is the
+    VAE ``recipe``'s VAE phases would make: the last VAE phase's step reached and the
+    compressions and latent channels its flags set.
+
+    Returns:
+        What was taken (a line for the log).
+
+    Raises:
+        ValueError: ``committed/vae`` has no checkpoint, ``recipe`` has no VAE phase, the
+            VAE's step is short of the last VAE phase's, or its architecture differs from
+            one the phase's flags set.
+    """
+    import os
+    import shutil
+
+    source = committed / "vae"
+    state_file = source / "checkpoint" / "state.json"
+    if not (source / "checkpoint" / "vae.safetensors").exists() or not state_file.exists():
+        raise ValueError(f"vae_from={str(committed)!r}: no vae/checkpoint with vae.safetensors "
+                         "and state.json")
+    phases = [p for p in recipe if p.stage == "vae"]
+    if not phases:
+        raise ValueError("vae_from: the recipe has no VAE phase to take its place")
+    step = json.loads(state_file.read_text()).get("step", 0)
+    if step < phases[-1].until:
+        raise ValueError(f"vae_from={str(committed)!r}: its VAE reached step {step}, short of "
+                         f"the recipe's {phases[-1].until}")
+    found = vae_architecture(committed)
+    flags = phases[-1].flags
+    for flag, key in (("--spatial-compression", "spatial_compression"),
+                      ("--temporal-compression", "temporal_compression"),
+                      ("--latent-channels", "latent_channels")):
+        if flag in flags and int(flags[flags.index(flag) + 1]) != int(found[key]):
+            raise ValueError(f"vae_from={str(committed)!r}: its VAE has {key} {found[key]}, "
+                             f"the recipe's {flag} {flags[flags.index(flag) + 1]}")
+    target = out / "vae"
+    (target / "checkpoint").mkdir(parents=True, exist_ok=True)
+    names = [f"checkpoint/{f.name}" for f in (source / "checkpoint").iterdir() if f.is_file()]
+    names += [n for n in ("train_log.jsonl", "eval_log.jsonl", ARCHITECTURE_FILE)
+              if (source / n).exists()]
+    for name in sorted(names, key=lambda n: n.endswith("state.json")):  # its marker last
+        tmp = target / f"{name}.taking"
+        shutil.copyfile(source / name, tmp)
+        os.replace(tmp, target / name)
+    return f"taken from {source} (step {step})"
+
+
 def run_recipe(out: Path, dest: Path, *, committed: Path | None = None, threads: int = 0,
                seed: int = 0, minutes: float | None = None, stop: dict | None = None,
-               recipe: tuple[RecipePhase, ...] = RECIPE) -> dict:
+               recipe: tuple[RecipePhase, ...] = RECIPE, vae_from: Path | None = None) -> dict:
     """Runs ``recipe`` in ``out``: each phase's stage to its step, skipping what is done, then
     exports the model to ``dest`` (which fits its reference word map) unless ``dest`` already
     holds that step's export. Resumable: run it again after a stop and it goes on where the
     checkpoints are. When ``committed`` is given and
     ``out`` lacks a VAE or denoiser checkpoint, those come from that snapshot first
     (:func:`restore_run` without an exported model, so no other lineage's weights enter).
+    When ``vae_from`` is given and ``out`` has no VAE checkpoint, the VAE of that committed
+    folder (``vae_from/vae``: checkpoint, logs, architecture) is taken as the recipe's VAE
+    phase, done (:func:`take_vae`): a new denoiser recipe on an already trained VAE, its
+    hours counted from that VAE's checkpoint.
 
     Args:
         minutes: wall-clock limit of this sitting (minutes); each phase gets what is left.
@@ -446,7 +500,8 @@ def run_recipe(out: Path, dest: Path, *, committed: Path | None = None, threads:
 
     Raises:
         ValueError: a phase names a stage other than ``vae`` or ``dit``, the phases' steps of
-            one stage do not increase, or a stage failed (its exit status).
+            one stage do not increase, a stage failed (its exit status), or ``vae_from``'s
+            VAE is not the recipe's (see :func:`take_vae`).
     """
     import time
 
@@ -459,6 +514,8 @@ def run_recipe(out: Path, dest: Path, *, committed: Path | None = None, threads:
         if phase.until <= last.get(phase.stage, 0):
             raise ValueError(f"recipe: {phase.stage} phases must end at increasing steps")
         last[phase.stage] = phase.until
+    if vae_from is not None and last_checkpoint(out / "vae") is None:
+        print(f"[recipe] VAE: {take_vae(out, vae_from, recipe)}", file=sys.stderr, flush=True)
     missing = [part for part in ("vae", "dit") if last_checkpoint(out / part) is None]
     if committed is not None and missing and \
             (committed / "vae" / "checkpoint" / "vae.safetensors").exists():
@@ -545,6 +602,9 @@ def main(argv: list[str] | None = None, stop: dict | None = None) -> int:
                              "committed parts (vae/, dit/, decoder-w16/; default "
                              "training/tiny); training/tiny/v3 for the 2x-VAE run; recipe: "
                              "the snapshot to resume from (default none)")
+    parser.add_argument("--vae-from", default=None,
+                        help="recipe: a committed folder (e.g. training/tiny/v3) whose trained "
+                             "VAE the run takes as its VAE phase when it has none")
     parser.add_argument("--decoder-base-dim", type=int, default=None,
                         help="decoder: train a decoder this wide from scratch (default: keep "
                              "the VAE's width and start from its decoder)")
@@ -631,6 +691,11 @@ def main(argv: list[str] | None = None, stop: dict | None = None) -> int:
                              "lies under an object from block --frame-awareness-block's output "
                              "through a linear head, on every step (not exported; default 0: "
                              "off; 0-10; needs --object-weight or --motion-weight)")
+    parser.add_argument("--shape-awareness", type=float, default=0.0,
+                        help="dit: weight of an auxiliary loss reading the shape of the "
+                             "object under each token from block --frame-awareness-block's "
+                             "output through a linear head, on every step (not exported; "
+                             "default 0: off; 0-10)")
     parser.add_argument("--reference-alignment", type=float, default=0.0,
                         help="dit: weight of the loss pulling the first two reference tokens "
                              "onto the text embeddings of the object's colour and shape words "
@@ -680,6 +745,8 @@ def main(argv: list[str] | None = None, stop: dict | None = None) -> int:
         parser.error(f"--frame-awareness must be in [0, 10], got {args.frame_awareness}")
     if not 0 <= args.layout_awareness <= 10:
         parser.error(f"--layout-awareness must be in [0, 10], got {args.layout_awareness}")
+    if not 0 <= args.shape_awareness <= 10:
+        parser.error(f"--shape-awareness must be in [0, 10], got {args.shape_awareness}")
     if not 0 <= args.position_awareness <= 10:
         parser.error(f"--position-awareness must be in [0, 10], got {args.position_awareness}")
     if not 0 <= args.motion_awareness <= 10:
@@ -862,7 +929,8 @@ def _denoiser_stage(args, out: Path, device, vae, stop) -> int:
                         motion_awareness=args.motion_awareness if args.stage == "dit" else 0.0,
                         position_awareness=args.position_awareness
                         if args.stage == "dit" else 0.0,
-                        layout_awareness=args.layout_awareness if args.stage == "dit" else 0.0)
+                        layout_awareness=args.layout_awareness if args.stage == "dit" else 0.0,
+                        shape_awareness=args.shape_awareness if args.stage == "dit" else 0.0)
     if args.stage == "dit":
         task.eval_modes = ("t2i", "t2v")  # motion is only seen in clips
         if args.init_denoiser is not None and not (out / "dit" / "checkpoint" /
@@ -910,7 +978,8 @@ def _recipe_stage(args, out: Path, stop: dict | None) -> int:
     committed = None if args.committed is None else Path(args.committed)
     try:
         report = run_recipe(out, dest, committed=committed, threads=args.threads,
-                            seed=args.seed, minutes=args.minutes, stop=stop)
+                            seed=args.seed, minutes=args.minutes, stop=stop,
+                            vae_from=None if args.vae_from is None else Path(args.vae_from))
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

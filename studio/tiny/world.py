@@ -598,22 +598,29 @@ def render_clip(spec: SceneSpec, frames: int = 9, height: int = 64, width: int =
 
 
 def object_coverage(spec: SceneSpec, frames: int | None = None, height: int = 64,
-                    width: int = 64) -> np.ndarray:
+                    width: int = 64, *, by_shape: bool = False) -> np.ndarray:
     """Where the scene's objects are: the union (pixelwise maximum) of their antialiased
     coverages, as :func:`render_image` (``frames`` None) or :func:`render_clip` draw them.
 
+    Args:
+        by_shape: one plane per shape of :data:`SHAPES` (in that order), each the union of
+            the coverages of the objects of that shape, rather than one plane for all.
+
     Returns:
         float32 ``(height, width)`` for an image, ``(frames, height, width)`` for a clip, in
-        [0, 1] (0: background only).
+        [0, 1] (0: background only); with ``by_shape`` a leading axis of ``len(SHAPES)``.
     """
     times = [0.0] if frames is None else [float(t) for t in frame_times(frames)]
-    out = np.zeros((len(times), height, width), np.float32)
+    planes = len(SHAPES) if by_shape else 1
+    out = np.zeros((planes, len(times), height, width), np.float32)
     for f, t in enumerate(times):
         for obj in spec.objects:
             cx, cy, extent = object_state(obj, t, height, width)
-            np.maximum(out[f], shape_coverage(obj.shape, cx, cy, extent, height, width),
-                       out=out[f])
-    return out[0] if frames is None else out
+            plane = out[SHAPES.index(obj.shape) if by_shape else 0, f]
+            np.maximum(plane, shape_coverage(obj.shape, cx, cy, extent, height, width),
+                       out=plane)
+    out = out if by_shape else out[0]
+    return out[..., 0, :, :] if frames is None else out
 
 
 # --------------------------------------------------------------------------- sampling

@@ -398,7 +398,8 @@ def test_frame_awareness_trains_a_head_on_clip_steps_only(monkeypatch):
                                            ("motion_head", {"motion_awareness": 2.0}),
                                            ("position_head", {"position_awareness": 0.3}),
                                            ("layout_head", {"layout_awareness": 1.0,
-                                                            "object_weight": 10.0})])
+                                                            "object_weight": 10.0}),
+                                           ("shape_head", {"shape_awareness": 1.0})])
 def test_snapshot_and_restore_carry_the_training_only_heads(tmp_path, caplog, part, options):
     """A training-only head (the frame- and motion-awareness heads) has no EMA copy and no
     place in an export: the snapshot carries its live weights, so a restored run goes on
@@ -745,4 +746,121 @@ def test_layout_awareness_trains_a_head_and_skips_dropped_captions(monkeypatch):
     monkeypatch.setattr(denoiser_module, "flow_matching_loss", _any_blocks_loss)
     loss, metrics = task.loss(image, gen)
     assert float(loss) == pytest.approx(0.7 * metrics["layout_bce"], rel=1e-5)
+    assert seen == {"patch": (4, 4), "known": [True, False], "tokens": 64}
+
+
+def test_shape_awareness_loss_reads_each_objects_shape_and_can_fail():
+    from studio.tiny.denoiser import SHAPE_TOKEN_COVER, shape_awareness_loss
+
+    b, f, h, w, dim, k = 2, 2, 6, 10, 8, 4  # 3 x 5 tokens of 2 x 2 patches per frame
+    cover = torch.zeros(b, k, f, h, w)
+    cover[0, 3, :, 0:2, 2:6] = 1.0  # item 0: a star under tokens (0, 1) and (0, 2)
+    cover[0, 0, :, 4:6, 0:2] = 1.0  # and a circle under token (2, 0)
+    cover[1, 2, 1, 4:6, 8:10] = 1.0  # item 1: a triangle under token (2, 4) of frame 1
+    cover[1, 1, 0, 2, 4] = 1.0  # a quarter of token (1, 2) under a square: scored
+    cover[1, 1, 0, 0, 0] = 0.9  # under a quarter: not scored
+    pooled = torch.nn.functional.avg_pool3d(cover, (1, 2, 2)).reshape(b, k, -1)
+    scored = pooled.amax(1) >= SHAPE_TOKEN_COVER
+    assert int(scored.sum()) == 2 * 3 + 1 + 1
+    label = pooled.argmax(1)
+    head = torch.nn.Linear(dim, k)
+    with torch.no_grad():  # channel j of a token says "shape j"
+        head.weight.zero_()
+        head.weight[:, :k] = 20.0 * torch.eye(k)
+        head.bias.zero_()
+    hidden = torch.zeros(b, f * 15 + 15, dim)  # plus an appended reference frame
+    hidden[:, : f * 15, :k] = torch.nn.functional.one_hot(label, k).float()
+    known = torch.tensor([True, True])
+    loss, accuracy = shape_awareness_loss(head, hidden, cover, (2, 2), known)
+    assert float(loss) < 1e-6 and accuracy == 1.0
+    # background tokens say anything: not scored, so the loss does not move
+    noisy = hidden.clone()
+    noisy[:, : f * 15][~scored] = torch.randn(int((~scored).sum()), dim)
+    assert float(shape_awareness_loss(head, noisy, cover, (2, 2), known)[0]) < 1e-6
+    # every object read as the next shape (stars as circles): wrong on every scored token
+    wrong = hidden.clone()
+    wrong[:, : f * 15, :k] = torch.nn.functional.one_hot((label + 1) % k, k).float()
+    loss, accuracy = shape_awareness_loss(head, wrong, cover, (2, 2), known)
+    assert float(loss) > 10.0 and accuracy == 0.0
+    # a dropped caption's tokens do not count; none known: 0 in the graph, no accuracy
+    first, _ = shape_awareness_loss(head, wrong, cover, (2, 2), torch.tensor([True, False]))
+    alone, _ = shape_awareness_loss(head, wrong[:1], cover[:1], (2, 2), torch.tensor([True]))
+    assert float(first) == pytest.approx(float(alone))
+    none, none_accuracy = shape_awareness_loss(head, wrong, cover, (2, 2),
+                                               torch.tensor([False, False]))
+    assert float(none) == 0.0 and none.requires_grad and none_accuracy is None
+    with pytest.raises(ValueError, match="does not divide"):
+        shape_awareness_loss(head, hidden, cover, (4, 4), known)
+    with pytest.raises(ValueError, match="fewer than"):
+        shape_awareness_loss(head, hidden[:, :20], cover, (2, 2), known)
+    with pytest.raises(ValueError, match="3 logits for 4 shape planes"):
+        shape_awareness_loss(torch.nn.Linear(dim, 3), hidden, cover, (2, 2), known)
+
+
+def test_shape_cover_is_the_object_cover_split_by_shape():
+    """``world.object_coverage(by_shape=True)`` puts each object in its shape's plane, and
+    the task's per-shape latent cover is the plain cover plane by plane (its maximum over
+    the planes is the plain cover, exactly)."""
+    import studio.tiny.world as world
+
+    rng = np.random.default_rng(3)
+    scenes = [world.sample_scene(rng, video=v, two_object_prob=1.0) for v in (False, True)]
+    for spec in scenes:
+        frames = 9 if spec.video else None
+        planes = world.object_coverage(spec, frames, 64, 64, by_shape=True)
+        assert planes.shape == (4, *((9,) if frames else ()), 64, 64)
+        np.testing.assert_array_equal(planes.max(0), world.object_coverage(spec, frames))
+        for i, shape in enumerate(world.SHAPES):
+            assert (planes[i].max() > 0.5) == any(o.shape == shape for o in spec.objects)
+    vae = build_vae(spatial_compression=2, temporal_compression=2)
+    task = DenoiserTask(torch.device("cpu"), vae, image_batch=2, clip_batch=1,
+                        shape_awareness=1.0, object_weight=10.0)
+    assert "shape_head" in task.optional_modules
+    for spec in scenes:
+        covers = task.batch_covers([spec], spec.video)
+        shapes, plain = covers["shape_cover"], covers["object_cover"]
+        assert shapes.shape == (1, 4, 5 if spec.video else 1, 32, 32)
+        assert torch.equal(shapes.amax(1, keepdim=True), plain)
+        assert torch.equal(plain, task.latent_coverage([spec], spec.video))
+    # no object or motion weight: the shape cover alone
+    alone = DenoiserTask(torch.device("cpu"), vae, image_batch=2, clip_batch=1,
+                         shape_awareness=1.0)
+    covers = alone.batch_covers(scenes[:1], False)
+    assert covers["object_cover"] is None and covers["shape_cover"].shape[1] == 4
+    with pytest.raises(ValueError, match="shape_awareness"):
+        DenoiserTask(torch.device("cpu"), vae, shape_awareness=11.0)
+
+
+def test_shape_awareness_trains_a_head_on_every_step(monkeypatch):
+    import studio.tiny.denoiser as denoiser_module
+
+    torch.manual_seed(0)
+    vae = build_vae(spatial_compression=2, temporal_compression=2)
+    task = DenoiserTask(torch.device("cpu"), vae, image_batch=2, clip_batch=1,
+                        shape_awareness=0.6)
+    assert "shape_head" in task.modules()
+    rng = np.random.default_rng(0)
+    batch = task.batch(rng)
+    assert batch.shape_cover is not None and batch.object_cover is None
+    shapes = torch.zeros(2, 4, 1, 32, 32)
+    shapes[:, 3, :, :8, :8] = 1.0  # a star at the top left
+    image = denoiser_module.DenoiserBatch(["a red star at the top left", ""],
+                                          torch.randn(2, 8, 1, 32, 32), None, np.zeros(2, bool),
+                                          None, None, shape_cover=shapes)
+    gen = torch.Generator().manual_seed(0)
+    loss, metrics = task.loss(image, gen)
+    assert metrics["shape_ce"] > 0 and 0 <= metrics["shape_acc"] <= 1
+    loss.backward()
+    assert task.shape_head.weight.grad.abs().sum() > 0
+    seen = {}
+    real = denoiser_module.shape_awareness_loss
+
+    def spy(head, hidden, cover, patch, known):
+        seen.update(patch=patch, known=known.tolist(), tokens=hidden.shape[1])
+        return real(head, hidden, cover, patch, known)
+
+    monkeypatch.setattr(denoiser_module, "shape_awareness_loss", spy)
+    monkeypatch.setattr(denoiser_module, "flow_matching_loss", _any_blocks_loss)
+    loss, metrics = task.loss(image, gen)
+    assert float(loss) == pytest.approx(0.6 * metrics["shape_ce"], rel=1e-5)
     assert seen == {"patch": (4, 4), "known": [True, False], "tokens": 64}

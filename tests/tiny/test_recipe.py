@@ -121,17 +121,57 @@ def test_recipe_refuses_bad_phases_and_its_own_flags(tmp_path, capsys):
 
 def test_the_shipped_recipe_is_issue_3s_budget_on_one_schedule():
     """The phases parse as the trainer's own arguments, one cosine schedule spans the
-    denoiser's phases, and the VAE is the one the shipped model's latents come from."""
-    assert [p.stage for p in RECIPE] == ["vae", "dit", "dit", "dit", "dit"]
+    denoiser's phases, every read-out runs from step 0, and the VAE is the one the shipped
+    model's latents come from."""
+    assert [p.stage for p in RECIPE] == ["vae", "dit", "dit"]
     dit = [p for p in RECIPE if p.stage == "dit"]
     totals = {p.flags[p.flags.index("--total-steps") + 1] for p in dit}
     assert totals == {str(dit[-1].until)}
-    # the position-awareness loss, then the layout-awareness loss, join the last phases,
-    # each its phase's only new term (session 38)
-    assert dit[-2].flags == (*dit[-3].flags, "--position-awareness", "0.3")
-    assert dit[-1].flags == (*dit[-2].flags, "--layout-awareness", "1.0")
-    assert not any("--position-awareness" in p.flags for p in dit[:-2])
+    for phase in dit:  # session 39: the position, layout and shape read-outs from the start
+        for flag in ("--position-awareness", "--layout-awareness", "--shape-awareness",
+                     "--frame-awareness", "--motion-awareness"):
+            assert float(phase.flags[phase.flags.index(flag) + 1]) > 0, (phase.until, flag)
     vae = RECIPE[0].flags
     shipped = json.loads(Path("training/tiny/v3/vae/architecture.json").read_text())
     assert vae[vae.index("--spatial-compression") + 1] == str(shipped["spatial_compression"])
     assert vae[vae.index("--temporal-compression") + 1] == str(shipped["temporal_compression"])
+    # every phase's flags are the stage's own: the parser takes them (a typo fails here)
+    for phase in RECIPE:
+        with pytest.raises(SystemExit):  # no run folder: the stage refuses before training
+            main([phase.stage, "--out", "/nonexistent/run", *phase.flags, "--lr", "2"])
+
+
+def test_recipe_takes_a_committed_vae_and_refuses_one_of_another_shape(tmp_path, quick):
+    """``vae_from``: a new denoiser recipe on a VAE trained before. The VAE phase is then
+    done (no VAE stage starts), its files are the committed ones, and a VAE that is not the
+    recipe's (another compression, or short of its steps) is refused before anything runs."""
+    donor, dest = tmp_path / "donor", tmp_path / "model"
+    assert run_recipe(donor, dest, threads=1, recipe=TINY[:1])["done"] is True
+    committed = tmp_path / "committed"
+    (committed / "vae").mkdir(parents=True)
+    import shutil
+
+    shutil.copytree(donor / "vae" / "checkpoint", committed / "vae" / "checkpoint")
+    for name in ("eval_log.jsonl", "architecture.json"):
+        shutil.copy(donor / "vae" / name, committed / "vae" / name)
+    quick.clear()
+    out = tmp_path / "run"
+    report = run_recipe(out, dest, threads=1, recipe=TINY[:2], vae_from=committed)
+    assert report["done"] is True and quick == ["dit", "export"]
+    assert (out / "vae" / "checkpoint" / "vae.safetensors").read_bytes() == \
+        (donor / "vae" / "checkpoint" / "vae.safetensors").read_bytes()
+    assert (out / "vae" / "eval_log.jsonl").read_text() == \
+        (committed / "vae" / "eval_log.jsonl").read_text()
+    assert _step(out / "dit") == 2
+    arch = json.loads((committed / "vae" / "architecture.json").read_text())
+    other = "4" if arch["spatial_compression"] == 2 else "2"
+    wrong = (RecipePhase("vae", 2, ("--spatial-compression", other)), *TINY[1:])
+    with pytest.raises(ValueError, match="spatial_compression"):
+        run_recipe(tmp_path / "run2", dest, recipe=wrong, vae_from=committed)
+    longer = (RecipePhase("vae", 3, ()), *TINY[1:])
+    with pytest.raises(ValueError, match="short of"):
+        run_recipe(tmp_path / "run3", dest, recipe=longer, vae_from=committed)
+    with pytest.raises(ValueError, match="no vae/checkpoint"):
+        run_recipe(tmp_path / "run4", dest, recipe=TINY, vae_from=tmp_path / "nothing")
+    assert not (tmp_path / "run2" / "vae" / "checkpoint" / "state.json").exists()
+    assert not (tmp_path / "run3" / "dit").exists()
