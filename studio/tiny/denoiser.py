@@ -389,7 +389,7 @@ def layout_awareness_loss(head: torch.nn.Module, hidden: torch.Tensor, cover: to
 
 
 #: A token's shape label counts when its patch's mean cover by objects of one shape is at
-#: least this (:func:`shape_awareness_loss`).
+#: least this, and by every other shape less (:func:`shape_awareness_loss`).
 SHAPE_TOKEN_COVER = 0.25
 
 
@@ -417,9 +417,11 @@ def shape_awareness_loss(head: torch.nn.Module, hidden: torch.Tensor, shape_cove
         known: bool (B,): the items scored (False where the caption was dropped).
     Returns:
         (the mean cross-entropy over the scored tokens: those of known items whose patch is
-        covered at least :data:`SHAPE_TOKEN_COVER` by one shape, labelled with the shape
-        covering most; a 0-dim tensor, 0 and still in the graph when none is scored; the
-        share of scored tokens whose arg-max is right, None when none is).
+        covered at least :data:`SHAPE_TOKEN_COVER` by exactly one shape, labelled with it
+        (where objects of two shapes meet or one hides the other, the cover, which ignores
+        occlusion, cannot say which is seen: not scored); a 0-dim tensor, 0 and still in the
+        graph when none is scored; the share of scored tokens whose arg-max is right, None
+        when none is).
     Raises:
         ValueError: the sequence is shorter than the cover's tokens, the cover's sides do not
             divide by the patch, or the head's logits are not one per shape plane.
@@ -438,8 +440,8 @@ def shape_awareness_loss(head: torch.nn.Module, hidden: torch.Tensor, shape_cove
         raise ValueError(f"the head gives {logits.shape[-1]} logits for {k} shape planes")
     pooled = torch.nn.functional.avg_pool3d(shape_cover.float(), (1, ph, pw)).reshape(b, k,
                                                                                       tokens)
-    mass, label = pooled.max(1)  # (B, T)
-    scored = (mass >= SHAPE_TOKEN_COVER) & known.view(b, 1)
+    label = pooled.argmax(1)  # (B, T)
+    scored = ((pooled >= SHAPE_TOKEN_COVER).sum(1) == 1) & known.view(b, 1)
     if not bool(scored.any()):
         return logits.sum() * 0.0, None
     picked = logits[scored]

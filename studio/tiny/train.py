@@ -426,9 +426,11 @@ def _checkpoint_state(run: Path) -> dict:
 
 def take_vae(out: Path, committed: Path, recipe: tuple[RecipePhase, ...] = RECIPE) -> str:
     """Copies the trained VAE of the committed folder ``committed/vae`` (checkpoint, logs,
-    architecture; each file whole or not at all) into ``out/vae``, after checking it is the
-    VAE ``recipe``'s VAE phases would make: the last VAE phase's step reached and the
-    compressions and latent channels its flags set.
+    architecture) into ``out/vae``, after checking it is the VAE ``recipe``'s VAE phases
+    would make: the last VAE phase's step reached and the compressions and latent channels
+    its flags set (the stage's defaults where it sets none). The copy is staged beside
+    ``out/vae`` and renamed into place, replacing whatever ``out/vae`` held without a
+    checkpoint, so a cut-off copy leaves no part of the VAE behind.
 
     Returns:
         What was taken (a line for the log).
@@ -455,21 +457,23 @@ def take_vae(out: Path, committed: Path, recipe: tuple[RecipePhase, ...] = RECIP
                          f"the recipe's {phases[-1].until}")
     found = vae_architecture(committed)
     flags = phases[-1].flags
-    for flag, key in (("--spatial-compression", "spatial_compression"),
-                      ("--temporal-compression", "temporal_compression"),
-                      ("--latent-channels", "latent_channels")):
-        if flag in flags and int(flags[flags.index(flag) + 1]) != int(found[key]):
+    for flag, key, default in (("--spatial-compression", "spatial_compression", SPATIAL),
+                               ("--temporal-compression", "temporal_compression", TEMPORAL),
+                               ("--latent-channels", "latent_channels", LATENT_CHANNELS)):
+        wanted = int(flags[flags.index(flag) + 1]) if flag in flags else default
+        if wanted != int(found[key]):
             raise ValueError(f"vae_from={str(committed)!r}: its VAE has {key} {found[key]}, "
-                             f"the recipe's {flag} {flags[flags.index(flag) + 1]}")
+                             f"the recipe's {wanted}")
     target = out / "vae"
-    (target / "checkpoint").mkdir(parents=True, exist_ok=True)
-    names = [f"checkpoint/{f.name}" for f in (source / "checkpoint").iterdir() if f.is_file()]
-    names += [n for n in ("train_log.jsonl", "eval_log.jsonl", ARCHITECTURE_FILE)
-              if (source / n).exists()]
-    for name in sorted(names, key=lambda n: n.endswith("state.json")):  # its marker last
-        tmp = target / f"{name}.taking"
-        shutil.copyfile(source / name, tmp)
-        os.replace(tmp, target / name)
+    staging = out / ".vae.taking"
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source / "checkpoint", staging / "checkpoint")
+    for name in ("train_log.jsonl", "eval_log.jsonl", ARCHITECTURE_FILE):
+        if (source / name).exists():
+            shutil.copyfile(source / name, staging / name)
+    if target.exists():  # without a checkpoint (the caller checked): a VAE stage's leftovers
+        shutil.rmtree(target)
+    os.replace(staging, target)
     return f"taken from {source} (step {step})"
 
 

@@ -759,9 +759,10 @@ def test_shape_awareness_loss_reads_each_objects_shape_and_can_fail():
     cover[1, 2, 1, 4:6, 8:10] = 1.0  # item 1: a triangle under token (2, 4) of frame 1
     cover[1, 1, 0, 2, 4] = 1.0  # a quarter of token (1, 2) under a square: scored
     cover[1, 1, 0, 0, 0] = 0.9  # under a quarter: not scored
+    cover[1, (0, 3), 0, 0:2, 6:8] = 1.0  # a star over a circle (token (0, 3)): which is seen
     pooled = torch.nn.functional.avg_pool3d(cover, (1, 2, 2)).reshape(b, k, -1)
-    scored = pooled.amax(1) >= SHAPE_TOKEN_COVER
-    assert int(scored.sum()) == 2 * 3 + 1 + 1
+    scored = (pooled >= SHAPE_TOKEN_COVER).sum(1) == 1  # is not known: not scored
+    assert int(scored.sum()) == 2 * 3 + 1 + 1 and int((pooled.amax(1) >= 0.25).sum()) == 9
     label = pooled.argmax(1)
     head = torch.nn.Linear(dim, k)
     with torch.no_grad():  # channel j of a token says "shape j"

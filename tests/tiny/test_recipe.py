@@ -119,7 +119,7 @@ def test_recipe_refuses_bad_phases_and_its_own_flags(tmp_path, capsys):
     assert not any(tmp_path.iterdir())
 
 
-def test_the_shipped_recipe_is_issue_3s_budget_on_one_schedule():
+def test_the_shipped_recipe_is_issue_3s_budget_on_one_schedule(capsys):
     """The phases parse as the trainer's own arguments, one cosine schedule spans the
     denoiser's phases, every read-out runs from step 0, and the VAE is the one the shipped
     model's latents come from."""
@@ -135,10 +135,13 @@ def test_the_shipped_recipe_is_issue_3s_budget_on_one_schedule():
     shipped = json.loads(Path("training/tiny/v3/vae/architecture.json").read_text())
     assert vae[vae.index("--spatial-compression") + 1] == str(shipped["spatial_compression"])
     assert vae[vae.index("--temporal-compression") + 1] == str(shipped["temporal_compression"])
-    # every phase's flags are the stage's own: the parser takes them (a typo fails here)
+    # every phase's flags are the stage's own: the parser takes them all (a misspelt or
+    # unknown flag would end it on "unrecognized arguments"), then refuses the bad --lr
     for phase in RECIPE:
-        with pytest.raises(SystemExit):  # no run folder: the stage refuses before training
+        with pytest.raises(SystemExit):
             main([phase.stage, "--out", "/nonexistent/run", *phase.flags, "--lr", "2"])
+        err = capsys.readouterr().err
+        assert "--lr must be in (0, 0.1], got 2" in err and "unrecognized" not in err
 
 
 def test_recipe_takes_a_committed_vae_and_refuses_one_of_another_shape(tmp_path, quick):
@@ -156,12 +159,16 @@ def test_recipe_takes_a_committed_vae_and_refuses_one_of_another_shape(tmp_path,
         shutil.copy(donor / "vae" / name, committed / "vae" / name)
     quick.clear()
     out = tmp_path / "run"
+    (out / "vae").mkdir(parents=True)  # a VAE stage cut off before its first checkpoint
+    (out / "vae" / "train_log.jsonl").write_text('{"step": 1}\n')
     report = run_recipe(out, dest, threads=1, recipe=TINY[:2], vae_from=committed)
     assert report["done"] is True and quick == ["dit", "export"]
     assert (out / "vae" / "checkpoint" / "vae.safetensors").read_bytes() == \
         (donor / "vae" / "checkpoint" / "vae.safetensors").read_bytes()
     assert (out / "vae" / "eval_log.jsonl").read_text() == \
         (committed / "vae" / "eval_log.jsonl").read_text()
+    assert not (out / "vae" / "train_log.jsonl").exists()  # the leftover went with its folder
+    assert not (out / ".vae.taking").exists()
     assert _step(out / "dit") == 2
     arch = json.loads((committed / "vae" / "architecture.json").read_text())
     other = "4" if arch["spatial_compression"] == 2 else "2"
