@@ -341,6 +341,33 @@ def position_awareness_loss(head: torch.nn.Module, hidden: torch.Tensor, frames:
     return loss, float(right.float().mean())
 
 
+def _pool_cover_to_tokens(cover: torch.Tensor, hidden: torch.Tensor, patch: tuple[int, int],
+                          name: str) -> tuple[torch.Tensor, int]:
+    """Pools a latent-grid cover to one value per token of the latent frames.
+
+    Args:
+        cover: (B, C, f, h, w) on the latent grid.
+        hidden: (B, N, D) tokens in Wan's (frame, row, column) order; only N is read.
+        patch: (ph, pw), the denoiser's spatial patch.
+        name: the cover's argument name, for the errors.
+    Returns:
+        (float32 (B, C, T) patch means, T = ``f * (h / ph) * (w / pw)``; T).
+    Raises:
+        ValueError: the cover's sides do not divide by the patch, or N < T.
+    """
+    b, c, f, h, w = cover.shape
+    ph, pw = patch
+    if h % ph or w % pw:
+        raise ValueError(f"{name} of {h} x {w} latent pixels does not divide into "
+                         f"{ph} x {pw} patches")
+    tokens = f * (h // ph) * (w // pw)
+    if hidden.shape[1] < tokens:
+        raise ValueError(f"hidden holds {hidden.shape[1]} tokens, fewer than the cover's "
+                         f"{tokens}")
+    pooled = torch.nn.functional.avg_pool3d(cover.float(), (1, ph, pw)).reshape(b, c, tokens)
+    return pooled, tokens
+
+
 def layout_awareness_loss(head: torch.nn.Module, hidden: torch.Tensor, cover: torch.Tensor,
                           patch: tuple[int, int], known: torch.Tensor) -> torch.Tensor:
     """Binary cross-entropy of a linear read-out of "the object is here" from each token of
@@ -371,16 +398,8 @@ def layout_awareness_loss(head: torch.nn.Module, hidden: torch.Tensor, cover: to
         ValueError: the sequence is shorter than the cover's tokens, or the cover's sides do
             not divide by the patch.
     """
-    b, n, _ = hidden.shape
-    _, _, f, h, w = cover.shape
-    ph, pw = patch
-    if h % ph or w % pw:
-        raise ValueError(f"cover of {h} x {w} latent pixels does not divide into {ph} x {pw} "
-                         f"patches")
-    tokens = f * (h // ph) * (w // pw)
-    if n < tokens:
-        raise ValueError(f"hidden holds {n} tokens, fewer than the cover's {tokens}")
-    target = torch.nn.functional.avg_pool3d(cover.float(), (1, ph, pw)).reshape(b, tokens)
+    pooled, tokens = _pool_cover_to_tokens(cover, hidden, patch, "cover")
+    target = pooled[:, 0]
     logits = head(hidden[:, :tokens].float())[..., 0]
     per_item = torch.nn.functional.binary_cross_entropy_with_logits(
         logits, target, reduction="none").mean(1)
@@ -426,20 +445,11 @@ def shape_awareness_loss(head: torch.nn.Module, hidden: torch.Tensor, shape_cove
         ValueError: the sequence is shorter than the cover's tokens, the cover's sides do not
             divide by the patch, or the head's logits are not one per shape plane.
     """
-    b, n, _ = hidden.shape
-    _, k, f, h, w = shape_cover.shape
-    ph, pw = patch
-    if h % ph or w % pw:
-        raise ValueError(f"shape_cover of {h} x {w} latent pixels does not divide into "
-                         f"{ph} x {pw} patches")
-    tokens = f * (h // ph) * (w // pw)
-    if n < tokens:
-        raise ValueError(f"hidden holds {n} tokens, fewer than the cover's {tokens}")
+    b, k = shape_cover.shape[:2]
+    pooled, tokens = _pool_cover_to_tokens(shape_cover, hidden, patch, "shape_cover")
     logits = head(hidden[:, :tokens].float())  # (B, T, K)
     if logits.shape[-1] != k:
         raise ValueError(f"the head gives {logits.shape[-1]} logits for {k} shape planes")
-    pooled = torch.nn.functional.avg_pool3d(shape_cover.float(), (1, ph, pw)).reshape(b, k,
-                                                                                      tokens)
     label = pooled.argmax(1)  # (B, T)
     scored = ((pooled >= SHAPE_TOKEN_COVER).sum(1) == 1) & known.view(b, 1)
     if not bool(scored.any()):
