@@ -170,12 +170,15 @@ def _rss_bytes() -> int:
 
 
 class JobExecutor:
-    """Executes jobs one at a time; keeps up to ``max_loaded`` models loaded (LRU).
+    """Executes jobs one at a time; keeps up to ``max_loaded`` models loaded (LRU), fewer
+    when a newly needed model would not fit beside them (:meth:`_room_for`).
 
     Args:
         registry: where models are resolved.
         device: the device to run on (default: CUDA if present, else CPU).
         max_loaded: models kept loaded between jobs.
+        memory_budget_bytes: the memory the engine may use on ``device`` (bytes); 0: what
+            is free there now (:meth:`budget_bytes`).
     """
 
     def __init__(self, registry: ModelRegistry | None = None, device: torch.device | None = None,
@@ -280,6 +283,22 @@ class JobExecutor:
             deterministic=self.device.type == "cpu", parallel=self.parallel_plan)
 
     # -- models -----------------------------------------------------------------------------
+    def _room_for(self, entry: ModelEntry) -> bool:
+        """Whether ``entry``'s weights fit beside the models loaded now. Under a fixed budget
+        (``memory_budget_bytes`` > 0): the loaded models' and ``entry``'s file sizes together
+        within it. Under the automatic budget (0): the device's free memory now
+        (:func:`studio.engine.memory.available_bytes`, which the loaded models' weights
+        already take from) at least twice ``entry``'s file size: a 16-bit file loaded at
+        float32 (the CPU's dtype) takes twice its size, and on CUDA the second half is room
+        for its activations. :meth:`runner_for` unloads the least recently used models until
+        this holds or none is left."""
+        if self.memory_budget_bytes > 0:
+            held = sum(r.entry.size_bytes for r in self.loaded.values())
+            return held + entry.size_bytes <= self.memory_budget_bytes
+        from studio.engine.memory import available_bytes
+
+        return 2 * entry.size_bytes <= available_bytes(self.device)
+
     def runner_for(self, entry: ModelEntry,
                    precision: str = "as-loaded") -> tuple[FamilyRunner, float]:
         """The loaded runner for ``entry`` at ``precision`` (loading it and transforming its
@@ -288,11 +307,9 @@ class JobExecutor:
         if key in self.loaded:
             self.loaded.move_to_end(key)
             return self.loaded[key], 0.0
-        budget = self.memory_budget_bytes
-        while self.loaded and (len(self.loaded) >= self.max_loaded or (
-                budget and sum(r.entry.size_bytes for r in self.loaded.values())
-                + entry.size_bytes > budget)):
-            self.loaded.popitem(last=False)
+        while self.loaded and (len(self.loaded) >= self.max_loaded or not self._room_for(entry)):
+            evicted, _ = self.loaded.popitem(last=False)
+            log.info("unloading %s to make room for %s", evicted, entry.model_id)
             gc.collect()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -178,6 +178,33 @@ def test_models_stay_loaded_within_the_budget(tiny_models):
     assert np.isfinite(sizes).all()
 
 
+def test_automatic_budget_unloads_the_least_recent_model_when_memory_runs_short(
+        tiny_models, monkeypatch):
+    """Under the automatic budget (0) a model is loaded beside the others only while the
+    device's free memory holds twice its file size; the free memory here is simulated as a
+    fixed total less the loaded models' file sizes, so unloading frees it."""
+    import studio.engine.memory as memory
+
+    wan, flux = tiny_models["wan-t2v"], tiny_models["flux"]
+    registry = ModelRegistry(include_hf_cache=False)
+    entries = [registry.resolve(str(m)) for m in (wan, flux)]
+    total = {"bytes": 0}
+    executor = JobExecutor(registry, torch.device("cpu"), max_loaded=4)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: total["bytes"] - sum(
+        r.entry.size_bytes for r in executor.loaded.values()))
+    small, large = sorted(entries, key=lambda e: e.size_bytes)
+    total["bytes"] = small.size_bytes + 2 * large.size_bytes  # room for both side by side
+    for entry in (small, large, small):
+        executor.runner_for(entry)
+    assert executor.load_count == 2 and len(executor.loaded) == 2
+    executor.loaded.clear()
+    total["bytes"] -= 1  # one byte short of both: the large one needs the small one's room
+    executor.runner_for(small)
+    executor.runner_for(large)
+    assert executor.load_count == 4 and len(executor.loaded) == 1
+    assert next(iter(executor.loaded.values())).entry.model_id == large.model_id
+
+
 @pytest.mark.parametrize("model,fields", [("wan-t2v", dict(mode="t2v", num_frames=5)),
                                           ("flux", dict(mode="t2i"))])
 def test_failed_decode_is_retried_tiled_without_denoising_again(tiny_models, model, fields,
