@@ -390,10 +390,16 @@ _RECIPE_DIT = ("--total-steps", "25000", "--checkpoint-every", "600", "--referen
 #: The embedded model from nothing, as one resumable command (``python -m studio.tiny.train
 #: recipe``): the VAE of ``training/tiny/v3`` (2x spatial, 2x temporal compression, object-
 #: weighted loss, 6000 steps), then the denoiser from random weights on its latents over one
-#: cosine schedule of 25000 steps: steps 0-10000 with 30 % images and the noise levels drawn
-#: around s = 0.73 (logit-normal mean 1), then 10000-25000 on clips and references (10 %
-#: images) around s = 0.88 (mean 2), where the motion words must act. The flow-matching
-#: terms are the ones the shipped lineage ended on (training/README.md, sessions 27-32);
+#: cosine schedule planned for 25000 steps and stopped at step 15000: steps 0-10000 with 30 %
+#: images and the noise levels drawn around s = 0.73 (logit-normal mean 1), then 10000-15000
+#: on clips and references (10 % images) around s = 0.88 (mean 2), where the motion words must
+#: act. The stop: the second run of this recipe met every bar of issue 3 at step 15000 (8.0 h
+#: in all, training/README.md session 41), where the full schedule would take about 11.8 h;
+#: the schedule's length stays 25000 so that the rate at each step is the one those weights
+#: were trained with (the EMA weights stand in for the annealing not reached). Not shipped:
+#: its clips come out empty for captions that name no position, which the world's grammar
+#: never writes (the evaluation prompts neither). The flow-matching
+#: terms are the ones the v3 lineage ended on (training/README.md, sessions 27-32);
 #: the read-outs of block 1 (frame, motion, position, layout and shape: training-only heads)
 #: run from step 0. Why: the first recipe run (training/README.md, sessions 36-38, snapshot
 #: history of ``training/tiny/scratch`` up to commit bdef0d1) had only the frame and motion
@@ -407,7 +413,7 @@ RECIPE: tuple[RecipePhase, ...] = (
                               "--reconstruction-metrics", "--total-steps", "6000",
                               "--checkpoint-every", "600")),
     RecipePhase("dit", 10000, (*_RECIPE_DIT, "--image-share", "0.3", "--noise-level-mean", "1.0")),
-    RecipePhase("dit", 25000, (*_RECIPE_DIT, "--image-share", "0.1", "--noise-level-mean", "2.0")),
+    RecipePhase("dit", 15000, (*_RECIPE_DIT, "--image-share", "0.1", "--noise-level-mean", "2.0")),
 )
 
 

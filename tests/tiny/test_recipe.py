@@ -121,12 +121,12 @@ def test_recipe_refuses_bad_phases_and_its_own_flags(tmp_path, capsys):
 
 def test_the_shipped_recipe_is_issue_3s_budget_on_one_schedule(capsys):
     """The phases parse as the trainer's own arguments, one cosine schedule spans the
-    denoiser's phases, every read-out runs from step 0, and the VAE is the one the shipped
-    model's latents come from."""
+    denoiser's phases (the last may stop before the schedule's end), every read-out runs
+    from step 0, and the VAE is the one the shipped model's latents come from."""
     assert [p.stage for p in RECIPE] == ["vae", "dit", "dit"]
     dit = [p for p in RECIPE if p.stage == "dit"]
-    totals = {p.flags[p.flags.index("--total-steps") + 1] for p in dit}
-    assert totals == {str(dit[-1].until)}
+    totals = {int(p.flags[p.flags.index("--total-steps") + 1]) for p in dit}
+    assert len(totals) == 1 and totals.pop() >= dit[-1].until
     for phase in dit:  # session 39: the position, layout and shape read-outs from the start
         for flag in ("--position-awareness", "--layout-awareness", "--shape-awareness",
                      "--frame-awareness", "--motion-awareness"):
