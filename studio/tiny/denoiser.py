@@ -627,6 +627,8 @@ class DenoiserTask(TrainTask):
     ``object_weight`` or ``motion_weight``). ``shape_awareness`` S > 0 adds, on every step,
     S times :func:`shape_awareness_loss` of a linear head (module ``shape_head``, trained, not
     exported) reading the shape of the object under each token from the same block's output.
+    ``free_caption_share`` (0 to 1) of one-object captions leave out the size, the position
+    or both (:meth:`caption`; the world's free forms).
     """
 
     optional_modules = frozenset({"reference_encoder", "ema_reference_encoder", "frame_head",
@@ -638,6 +640,7 @@ class DenoiserTask(TrainTask):
     position_awareness = 0.0
     layout_awareness = 0.0
     shape_awareness = 0.0
+    free_caption_share = 0.0
     frame_head: torch.nn.Module | None = None
     motion_head: torch.nn.Module | None = None
     position_head: torch.nn.Module | None = None
@@ -652,10 +655,14 @@ class DenoiserTask(TrainTask):
                  image_share: float | None = None, frame_awareness: float = 0.0,
                  frame_awareness_block: int = 1, motion_anchor: str = "first",
                  motion_awareness: float = 0.0, position_awareness: float = 0.0,
-                 layout_awareness: float = 0.0, shape_awareness: float = 0.0):
+                 layout_awareness: float = 0.0, shape_awareness: float = 0.0,
+                 free_caption_share: float = 0.0):
         import copy
 
         step_kinds = step_mix(reference_share, image_share)  # bad input fails before building
+        if not 0.0 <= free_caption_share <= 1.0:
+            raise ValueError(f"free_caption_share={free_caption_share}: must be in [0, 1]")
+        self.free_caption_share = free_caption_share
         if not -3.0 <= noise_level_mean <= 3.0:
             raise ValueError(f"noise_level_mean={noise_level_mean}: must be in [-3, 3]")
         if not 0.0 <= reference_alignment <= 10.0:
@@ -812,6 +819,22 @@ class DenoiserTask(TrainTask):
                                        device=self.device)
         return target, known & ~torch.from_numpy(np.asarray(dropped, bool)).to(self.device)
 
+    #: what a free caption leaves out, drawn uniformly (world.caption's ``unnamed``)
+    FREE_CAPTION_KINDS = (frozenset({"size"}), frozenset({"position"}),
+                          frozenset({"size", "position"}))
+
+    def caption(self, spec, rng: np.random.Generator) -> str:
+        """A training caption of ``spec``: with probability ``free_caption_share`` (one-object
+        scenes only) one of the world's free forms, without the size, the position or both
+        (:data:`FREE_CAPTION_KINDS`), so that the model learns such prompts mean any size or
+        position; otherwise a caption naming everything. At share 0 it draws from ``rng``
+        exactly as ``world.caption`` (runs before this option resume unchanged)."""
+        if self.free_caption_share > 0 and len(spec.objects) == 1 and \
+                rng.random() < self.free_caption_share:
+            unnamed = self.FREE_CAPTION_KINDS[int(rng.integers(len(self.FREE_CAPTION_KINDS)))]
+            return world.caption(spec, rng, unnamed=unnamed)
+        return world.caption(spec, rng)
+
     def batch(self, rng):
         if getattr(self, "pool", None) is not None:
             return self.pool.batch(rng)
@@ -819,7 +842,7 @@ class DenoiserTask(TrainTask):
         video = kind != "image"
         n = self.clip_batch if video else self.image_batch
         specs = [world.sample_scene(rng, video=video) for _ in range(n)]
-        captions = [world.caption(s, rng) for s in specs]
+        captions = [self.caption(s, rng) for s in specs]
         if video:
             pixels = np.stack([world.render_clip(s, CLIP_FRAMES, SIZE, SIZE, rng)
                                for s in specs])
@@ -1103,7 +1126,7 @@ class LatentPool:
         items = self.clips if video else self.images
         n = self.task.clip_batch if video else self.task.image_batch
         picked = [items[int(i)] for i in rng.integers(len(items), size=n)]
-        captions = [world.caption(p[0], rng) for p in picked]
+        captions = [self.task.caption(p[0], rng) for p in picked]
         latents = torch.stack([p[1] for p in picked])
         refs = objects = None
         if kind == "reference":

@@ -54,10 +54,14 @@ Captions are lower-case English. ``caption`` picks a template and synonyms at ra
 ``parse_caption`` inverts every caption it can produce (it is keyword based, so it is lenient
 with word order and punctuation)::
 
-    caption      := single | double
+    caption      := single | double | free
     single(img)  := NP POS BG | PREFIX NP POS BG | BG "," NP VERB POS | NP BG "," POS
     single(clip) := NP POS MOTION BG | VPREFIX NP POS "that" MOTION BG
                   | BG "," NP POS MOTION | NP MOTION BG "," POS
+    free(img)    := FNP [POS] BG | PREFIX FNP [POS] BG | BG "," FNP [POS]
+    free(clip)   := FNP [POS] MOTION BG | VPREFIX FNP [POS] "that" MOTION BG
+                  | BG "," FNP [POS] MOTION
+    FNP          := NP | ("a" | "an") COLOUR SHAPE      (size left out)
     double       := LEAD OBJ "and" OBJ "," BG | OBJ "and" OBJ BG | BG "," OBJ "and" OBJ
     OBJ          := NP POS            (images)   |  NP POS MOTION   (clips)
     NP           := "a" SIZE COLOUR SHAPE
@@ -94,6 +98,11 @@ with word order and punctuation)::
     VPREFIX      := "a video of" | "a clip of" | "an animation of"
     VERB         := "sits" | "is" | "appears" | "rests"
     LEAD         := "two shapes:" | "two objects:" | PREFIX | VPREFIX (clips)
+
+The ``free`` forms (``caption(..., unnamed=...)``, at least one of size and position left
+out; one object only) describe a scene at any size or position: "a blue circle slides to
+the right across a night sky". ``parse_caption`` refuses them and ``unnamed_attributes``
+says what they leave out; the default captions and the evaluation prompts name everything.
 
 A caption describes a clip exactly when it contains a MOTION phrase (a clip of still objects
 says "stays still"). ``VOCABULARY`` lists every word a caption can contain.
@@ -742,12 +751,34 @@ def _noun_phrase(rng: np.random.Generator, obj: ObjectSpec) -> str:
             f"{obj.shape}")
 
 
-def caption(spec: SceneSpec, rng: np.random.Generator) -> str:
+#: The attributes a one-object caption may leave out (``caption(..., unnamed=...)``).
+UNNAMEABLE = frozenset({"size", "position"})
+
+
+def caption(spec: SceneSpec, rng: np.random.Generator, *,
+            unnamed: frozenset[str] | set[str] = frozenset()) -> str:
     """A varied English caption of ``spec`` (grammar in the module docstring).
 
     Clips (``spec.video``) mention every object's motion; images never mention motion.
     ``parse_caption(caption(spec, rng)) == spec`` for every valid spec.
+
+    Args:
+        unnamed: attributes of a one-object scene the caption leaves out, a subset of
+            :data:`UNNAMEABLE` (the ``free`` forms of the grammar): such a caption describes
+            the scene at any size or position, and ``parse_caption`` refuses it
+            (:func:`unnamed_attributes` reads which are left out). The default names all,
+            drawing from ``rng`` exactly as before this argument existed.
+
+    Raises:
+        ValueError: ``unnamed`` holds another attribute, or is not empty for a two-object
+            scene (its objects are told apart by their positions).
     """
+    unnamed = frozenset(unnamed)
+    if not unnamed <= UNNAMEABLE:
+        raise ValueError(f"unnamed: {sorted(unnamed - UNNAMEABLE)} cannot be left out; "
+                         f"allowed: {sorted(UNNAMEABLE)}")
+    if unnamed and len(spec.objects) != 1:
+        raise ValueError("unnamed: only a one-object caption may leave attributes out")
     bg = _bg_phrase(rng, spec.background)
     parts = []
     for obj in spec.objects:
@@ -755,6 +786,8 @@ def caption(spec: SceneSpec, rng: np.random.Generator) -> str:
         pos = _pick(rng, _POSITION_PHRASES[obj.position])
         mot = _pick(rng, _MOTION_PHRASES[obj.motion]) if spec.video else ""
         parts.append((np_, pos, mot))
+    if unnamed:
+        return _free_caption(rng, spec, parts[0], unnamed, bg)
     if len(parts) == 2:
         objs = [" ".join(w for w in p if w) for p in parts]
         lead = _pick(rng, _LEADS + (_VIDEO_PREFIXES if spec.video else _PREFIXES))
@@ -780,6 +813,28 @@ def caption(spec: SceneSpec, rng: np.random.Generator) -> str:
     if template == 2:
         return f"{bg}, {np_} {pos} {mot}"
     return f"{np_} {mot} {bg}, {pos}"
+
+
+def _free_caption(rng: np.random.Generator, spec: SceneSpec, part: tuple[str, str, str],
+                  unnamed: frozenset[str], bg: str) -> str:
+    """The ``free`` forms: a one-object caption without its size and/or position words."""
+    np_, pos, mot = part
+    if "size" in unnamed:
+        colour_shape = np_.split(" ", 2)[2]  # "a <size> <colour> <shape>"
+        np_ = f"{'an' if colour_shape[0] in 'aeiou' else 'a'} {colour_shape}"
+    pos = "" if "position" in unnamed else f" {pos}"
+    template = int(rng.integers(3))
+    if not spec.video:
+        if template == 0:
+            return f"{np_}{pos} {bg}"
+        if template == 1:
+            return f"{_pick(rng, _PREFIXES)} {np_}{pos} {bg}"
+        return f"{bg}, {np_}{pos}"
+    if template == 0:
+        return f"{np_}{pos} {mot} {bg}"
+    if template == 1:
+        return f"{_pick(rng, _VIDEO_PREFIXES)} {np_}{pos} that {mot} {bg}"
+    return f"{bg}, {np_}{pos} {mot}"
 
 
 def _alternation(phrases: Sequence[str]) -> str:
@@ -870,6 +925,45 @@ def parse_caption(text: str) -> SceneSpec:
     parsed = [_parse_object(s) for s in segments]
     video = any(moving for _, moving in parsed)
     return SceneSpec(background, tuple(obj for obj, _ in parsed), video)
+
+
+def unnamed_attributes(text: str) -> frozenset[str]:
+    """Which of :data:`UNNAMEABLE` (size, position) a one-object caption leaves out: the
+    attributes to leave unscored when the scene it asked for is judged. Two-object captions
+    and captions ``parse_caption`` reads whole give the empty set.
+
+    Raises:
+        ValueError: no background, no object or two, or an attribute other than size and
+            position missing or ambiguous (as :func:`parse_caption`).
+    """
+    try:
+        parse_caption(text)
+        return frozenset()
+    except ValueError:
+        pass
+    t = re.sub(r"[^a-z:,;]+", " ", text.lower().replace("-", " "))
+    missing = set()
+    if not _SIZE_RE.search(t):
+        missing.add("size")
+        t = _SIZE_RE.sub(" ", t)
+    filler = "small " if "size" in missing else ""
+    bg_cut = t
+    for regex, _ in _BG_RES:
+        m = regex.search(bg_cut)
+        if m:
+            bg_cut = _cut(bg_cut, m)
+            break
+    motion = _MOTION_RE.search(bg_cut)
+    body = _cut(bg_cut, motion) if motion else bg_cut
+    if not (_VERTICAL_RE.search(body) or _HORIZONTAL_RE.search(body)
+            or _CENTRE_RE.search(body)):
+        missing.add("position")
+    repaired = re.sub(_SHAPE_RE, lambda m: f"{filler}{m.group(0)}"
+                      + (" in the center" if "position" in missing else ""), t, count=1)
+    if len([s for s in re.split(r"\band\b|;", repaired) if _SHAPE_RE.search(s)]) != 1:
+        raise ValueError(f"unnamed attributes: {text!r} is not a one-object caption")
+    parse_caption(repaired)  # every other attribute is there and unambiguous
+    return frozenset(missing)
 
 
 def _caption_words() -> frozenset[str]:

@@ -302,3 +302,84 @@ def test_motion_distance_lengthens_the_travel_for_the_block_only():
         with w.motion_distance(0.6):
             pass
     assert w.MOTION_DISTANCE == before
+
+
+def test_free_captions_leave_out_size_and_position_and_say_so():
+    """The grammar's free forms (issue 3's own example, "a blue circle slides to the right
+    across a night sky", names neither size nor position): every unnamed set round-trips
+    through ``unnamed_attributes``, ``parse_caption`` refuses them, the words stay in the
+    vocabulary, and the default draws the same captions as before."""
+    rng = np.random.default_rng(3)
+    seen = set()
+    for i in range(600):
+        spec = w.sample_scene(rng, video=bool(i % 2))
+        if len(spec.objects) != 1:
+            continue
+        unnamed = [frozenset(), frozenset({"size"}), frozenset({"position"}),
+                   w.UNNAMEABLE][i % 4]
+        text = w.caption(spec, rng, unnamed=unnamed)
+        assert w.unnamed_attributes(text) == unnamed, text
+        assert set(text.replace(",", " ").split()) <= w.VOCABULARY, text
+        if unnamed:
+            with pytest.raises(ValueError):
+                w.parse_caption(text)
+        else:
+            assert w.parse_caption(text) == spec
+        seen.add(unnamed)
+    assert len(seen) == 4
+    assert w.unnamed_attributes("a blue circle slides to the right across a night sky") == \
+        w.UNNAMEABLE
+    assert w.unnamed_attributes("an orange square on a grass background") == w.UNNAMEABLE
+    assert w.unnamed_attributes("a red star on the left on a grass background") == {"size"}
+    assert w.unnamed_attributes("a big red star moves up on a grass background") == \
+        {"position"}
+    spec = _one(video=True, motion="up")
+    assert [w.caption(spec, np.random.default_rng(s)) for s in range(20)] == \
+        [w.caption(spec, np.random.default_rng(s), unnamed=set()) for s in range(20)]
+
+
+@pytest.mark.parametrize("text", [
+    "a red star",  # no background
+    "a red blue star on a grass background",  # two colours
+    "a star on a grass background",  # no colour: only size and position may be left out
+    "a red star and a blue circle on a grass background",  # two objects
+])
+def test_unnamed_attributes_rejects_what_parse_caption_cannot_repair(text):
+    with pytest.raises(ValueError):
+        w.unnamed_attributes(text)
+
+
+def test_caption_refuses_bad_unnamed_sets():
+    two = w.SceneSpec("gray", (w.ObjectSpec("red", "star", "small", "top left"),
+                               w.ObjectSpec("blue", "circle", "large", "right")))
+    with pytest.raises(ValueError, match="only a one-object caption"):
+        w.caption(two, np.random.default_rng(0), unnamed={"size"})
+    with pytest.raises(ValueError, match="cannot be left out"):
+        w.caption(_one(), np.random.default_rng(0), unnamed={"colour"})
+
+
+def test_the_denoiser_trains_on_free_captions_at_its_share():
+    """DenoiserTask.caption: at share 1 every one-object caption is a free one (size,
+    position or both left out, each kind drawn), two-object captions name everything; at
+    share 0 it draws exactly world.caption's captions; a share outside [0, 1] is refused."""
+    import torch
+
+    from studio.tiny.denoiser import DenoiserTask
+    from studio.tiny.train import main
+
+    task = DenoiserTask.__new__(DenoiserTask)
+    rng = np.random.default_rng(5)
+    specs = [w.sample_scene(rng, video=bool(i % 2)) for i in range(300)]
+    a, b = np.random.default_rng(9), np.random.default_rng(9)
+    assert [task.caption(s, a) for s in specs] == [w.caption(s, b) for s in specs]
+    task.free_caption_share = 1.0
+    kinds = []
+    for spec in specs:
+        text = task.caption(spec, rng)
+        kinds.append(w.unnamed_attributes(text))
+        assert bool(kinds[-1]) == (len(spec.objects) == 1), text
+    assert set(kinds) - {frozenset()} == set(DenoiserTask.FREE_CAPTION_KINDS)
+    with pytest.raises(ValueError, match="free_caption_share"):
+        DenoiserTask(torch.device("cpu"), None, free_caption_share=1.5)
+    with pytest.raises(SystemExit):
+        main(["dit", "--out", "/nonexistent/run", "--free-caption-share", "-0.1"])
