@@ -945,7 +945,6 @@ def unnamed_attributes(text: str) -> frozenset[str]:
     missing = set()
     if not _SIZE_RE.search(t):
         missing.add("size")
-        t = _SIZE_RE.sub(" ", t)
     filler = "small " if "size" in missing else ""
     bg_cut = t
     for regex, _ in _BG_RES:
