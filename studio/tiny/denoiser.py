@@ -106,7 +106,8 @@ def build_reference_encoder(spatial_compression: int = SPATIAL,
 
 def anonymise(caption: str) -> str:
     """A caption with colour and shape words removed: "a small red star ..." -> "a small object
-    ..." (what a reference-to-video prompt says when the reference gives the object)."""
+    ...", "a red star ..." -> "an object ..." (what a reference-to-video prompt says when the
+    reference gives the object)."""
     import re
 
     global _COLOUR_RE
@@ -114,7 +115,8 @@ def anonymise(caption: str) -> str:
         colours = "|".join(sorted(set(world.COLOURS) | {"violet", "grey"}))
         _COLOUR_RE = re.compile(rf"\b({colours})\s+(?=(circle|square|triangle|star)\b)")
     text = _COLOUR_RE.sub("", caption)
-    return re.sub(r"\b(circle|square|triangle|star)\b(?!ry)", "object", text)
+    text = re.sub(r"\b(circle|square|triangle|star)\b(?!ry)", "object", text)
+    return re.sub(r"\b([Aa]) object\b", r"\1n object", text)
 
 
 def reference_image(spec, rng: np.random.Generator) -> np.ndarray:

@@ -470,8 +470,7 @@ def analyze(sample: np.ndarray) -> SceneReading:
 
 # --------------------------------------------------------------------------- scoring
 
-def _object_dict(obj, video: bool) -> dict[str, str | None]:
-    keys = OBJECT_ATTRIBUTES if video else OBJECT_ATTRIBUTES[:-1]
+def _object_dict(obj, keys: Sequence[str]) -> dict[str, str | None]:
     return {k: getattr(obj, k) for k in keys}
 
 
@@ -491,26 +490,42 @@ def _match(expected: Sequence[world.ObjectSpec], found: Sequence[DetectedObject]
 
 
 def evaluate(samples: Sequence[np.ndarray] | np.ndarray,
-             specs: Sequence[world.SceneSpec]) -> EvalReport:
+             specs: Sequence[world.SceneSpec],
+             unscored: Sequence[frozenset[str]] | None = None) -> EvalReport:
     """Scores generated samples against the specs they were generated from.
 
     Args:
         samples: images uint8 ``(H, W, 3)`` or clips uint8 ``(F, H, W, 3)`` (a stacked array
             or a sequence; float in [0, 1] also accepted), one per spec.
         specs: the SceneSpecs, in the same order.
+        unscored: per sample, object attributes its caption did not name (e.g. a ``free``
+            caption's ``{"size", "position"}``, ``world.free_eval_prompts``): left out of
+            that sample's matching, scores, chance levels and details. None scores all.
     Returns:
         An EvalReport. Motion is scored only for clips (4-D samples); a missing object counts
-        as wrong on all its attributes.
+        as wrong on all its scored attributes.
+    Raises:
+        ValueError: lengths differ, or ``unscored`` names an attribute that is not one of
+            ``OBJECT_ATTRIBUTES``.
     """
     if len(samples) != len(specs):
         raise ValueError(f"{len(samples)} samples for {len(specs)} specs")
+    if unscored is None:
+        unscored = [frozenset()] * len(specs)
+    if len(unscored) != len(specs):
+        raise ValueError(f"unscored: {len(unscored)} sets for {len(specs)} specs")
+    for left_out in unscored:
+        if not set(left_out) <= set(OBJECT_ATTRIBUTES):
+            raise ValueError(f"unscored: {sorted(set(left_out) - set(OBJECT_ATTRIBUTES))} "
+                             f"not in {OBJECT_ATTRIBUTES}")
     hits: dict[str, list[bool]] = {a: [] for a in ATTRIBUTES}
     labels: dict[str, list] = {a: [] for a in ATTRIBUTES}
     details = []
-    for sample, spec in zip(samples, specs, strict=True):
+    for sample, spec, left_out in zip(samples, specs, unscored, strict=True):
         video = np.ndim(sample) == 4
         reading = analyze(sample)
-        keys = OBJECT_ATTRIBUTES if video else OBJECT_ATTRIBUTES[:-1]
+        keys = tuple(k for k in (OBJECT_ATTRIBUTES if video else OBJECT_ATTRIBUTES[:-1])
+                     if k not in left_out)
         matched = _match(spec.objects, reading.objects, keys)
         correct = {"background": [reading.background == spec.background],
                    "count": [len(reading.objects) == len(spec.objects)]}
@@ -524,9 +539,9 @@ def evaluate(samples: Sequence[np.ndarray] | np.ndarray,
             hits[key].extend(values)
         details.append({
             "background": (spec.background, reading.background),
-            "expected": [_object_dict(o, video) for o in spec.objects],
-            "predicted": [_object_dict(o, video) for o in reading.objects],
-            "matched": [None if p is None else _object_dict(p, video) for p in matched],
+            "expected": [_object_dict(o, keys) for o in spec.objects],
+            "predicted": [_object_dict(o, keys) for o in reading.objects],
+            "matched": [None if p is None else _object_dict(p, keys) for p in matched],
             "correct": correct,
         })
     accuracy, counts, chance = {}, {}, {}
@@ -558,6 +573,8 @@ def position_axes(report: EvalReport) -> dict[str, float]:
     rows, columns = [], []
     for item in report.details:
         for expected, found in zip(item["expected"], item["matched"], strict=True):
+            if "position" not in expected:  # a caption that names no position
+                continue
             rows.append(found is not None and _row(found["position"]) == _row(expected["position"]))
             columns.append(found is not None
                            and _column(found["position"]) == _column(expected["position"]))

@@ -1012,6 +1012,53 @@ def eval_prompts(n: int = 256, mode: str = "t2i", seed: int = 0) -> list[tuple[s
     return out
 
 
+#: The unnamed sets :func:`free_eval_prompts` cycles through, in this order.
+FREE_EVAL_UNNAMED: tuple[frozenset[str], ...] = (
+    frozenset({"position"}), frozenset({"size"}), frozenset({"size", "position"}))
+
+
+def free_eval_prompts(n: int = 64, mode: str = "t2i",
+                      seed: int = 0) -> list[tuple[str, SceneSpec, frozenset[str]]]:
+    """Evaluation prompts in the ``free`` forms: held-out single-object scenes whose captions
+    leave out the size, the position or both (cycling through :data:`FREE_EVAL_UNNAMED`), as
+    a user types "a blue circle slides to the right across a night sky".
+
+    The spec's size and position are drawn at random, but the caption does not say them: a
+    generator may draw the object at any size and anywhere, so a scorer must leave the
+    unnamed attributes out (``studio.tiny.evaluate.evaluate(..., unscored=...)``). Another
+    random stream than :func:`eval_prompts`'s, so those stay draw for draw.
+
+    Args:
+        n: number of prompts (>= 0).
+        mode: ``"t2i"`` (image specs) or ``"t2v"`` (clip specs).
+        seed: the same seed gives the same prompts.
+    Returns:
+        A list of ``(caption, spec, unnamed)``; ``unnamed`` is what the caption leaves out
+        (what :func:`unnamed_attributes` reads from it).
+    Raises:
+        ValueError: unknown mode or ``n`` below 0.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
+    if n < 0:
+        raise ValueError(f"n: {n} is below 0")
+    video = mode == "t2v"
+    rng = np.random.default_rng([seed, 4048, int(video)])
+    triples = held_out_triples()
+    out: list[tuple[str, SceneSpec, frozenset[str]]] = []
+    order: np.ndarray = np.arange(0)
+    for i in range(n):
+        if i % len(triples) == 0:
+            order = rng.permutation(len(triples))
+        colour, shape, background = triples[order[i % len(triples)]]
+        obj = ObjectSpec(colour, shape, _pick(rng, SIZES), _pick(rng, POSITIONS),
+                         _pick(rng, MOTIONS) if video else "still")
+        spec = SceneSpec(background, (obj,), video)
+        unnamed = FREE_EVAL_UNNAMED[i % len(FREE_EVAL_UNNAMED)]
+        out.append((caption(spec, rng, unnamed=unnamed), spec, unnamed))
+    return out
+
+
 def batches(rng: np.random.Generator, batch_size: int, *, video: bool = False, frames: int = 9,
             height: int = 64, width: int = 64,
             split: str = "train") -> Iterator[tuple[list[str], np.ndarray]]:

@@ -1,6 +1,7 @@
 """The embedded model's report: its jobs are valid requests, its scorer passes perfect outputs
 and fails wrong ones, and one real job per mode runs through the engine's executor."""
 
+import dataclasses
 import json
 import re
 
@@ -88,9 +89,11 @@ def test_the_scorer_passes_perfect_outputs_and_fails_shuffled_ones(mode, caps):
 
 def test_one_job_per_mode_through_the_executor(tmp_path):
     out = tmp_path / "model.json"
-    assert report.main(["--prompts", "1", "--runs", "0", "--out", str(out)]) == 0
+    assert report.main(["--prompts", "1", "--free", "1", "--runs", "0",
+                        "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert set(result["modes"]) == set(report.MODES)
+    assert set(result["modes"]) == set(report.MODES) | {f"{m} free" for m in report.MODES}
+    assert result["modes"]["t2v free"]["unnamed"] == {"position": 1}
     assert result["speed_s"] is None
     assert 0 < result["modes"]["i2v"]["first_frame_psnr_db"]["mean"]
     assert "reference_match" in result["modes"]["r2v"]
@@ -160,3 +163,42 @@ def test_vae_run_measures_a_training_runs_vae(tmp_path, capsys):
     assert "clip round trip (4 prompts)" in capsys.readouterr().out
     assert report.main(["--vae-run", str(tmp_path / "nothing")]) == 2
     assert "--vae-run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", report.MODES)
+def test_free_caption_jobs_score_only_what_the_caption_names(mode, caps):
+    """``--free``: the jobs' prompts leave size and/or position out (r2v's also colour and
+    shape, as its named prompts), a perfect output with the object drawn elsewhere passes,
+    an output with no object fails colour (r2v: the reference match) whatever is unnamed,
+    and the report counts what the captions left out."""
+    samples = report.build_samples(mode, 12, caps, free=True)
+    assert [s.unscored for s in samples] == [world.FREE_EVAL_UNNAMED[i % 3] for i in range(12)]
+    for s in samples:
+        assert s.request.validate(caps) == []
+        if mode != "r2v":
+            assert world.unnamed_attributes(s.request.prompt) == s.unscored, s.request.prompt
+    assert [s.request.prompt for s in report.build_samples(mode, 4, caps)] == \
+        [s.request.prompt for s in report.build_samples(mode, 4, caps, free=False)]
+    anywhere = []
+    for s in samples:  # the perfect output, with the unnamed position and size moved
+        if mode == "i2v":  # ... save where the given first frame sets them
+            anywhere.append(oracle(s, caps))
+            continue
+        obj = s.spec.objects[0]
+        if "position" in s.unscored:
+            obj = dataclasses.replace(obj, position="bottom left" if obj.position != "bottom left"
+                                      else "top right")
+        if "size" in s.unscored:
+            obj = dataclasses.replace(obj, size="small" if obj.size == "large" else "large")
+        moved = dataclasses.replace(s, spec=dataclasses.replace(s.spec, objects=(obj,)))
+        anywhere.append(oracle(moved, caps))
+    passed = report.score(mode, samples, anywhere)
+    assert min(passed["accuracy"].values()) >= 0.9, passed
+    assert passed["unnamed"] == {"position": 8, "size": 8}
+    empty = [np.stack([np.full_like(o[0], 128)] * len(o)) for o in anywhere]
+    failed = report.score(mode, samples, empty)
+    if mode == "r2v":
+        assert passed["reference_match"] >= 0.9 and failed["reference_match"] == 0
+    else:
+        assert failed["accuracy"]["colour"] == 0 and failed["accuracy"]["shape"] == 0
+    assert not all(r["holds"] for r in report.bars({f"{mode} free": failed}, None))

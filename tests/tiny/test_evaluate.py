@@ -278,3 +278,44 @@ def test_position_axes_tell_a_mirrored_model_from_a_right_one(renders):
     assert axes["row"] >= 0.98
     assert abs(axes["column"] - middle) <= 0.03, (axes, middle)
     assert ev.position_axes(ev.EvalReport({}, {}, {}, [])) == {}
+
+
+@pytest.mark.parametrize("mode", w.MODES)
+def test_unscored_attributes_are_left_out_and_the_rest_still_fail(mode):
+    """Free captions (``world.free_eval_prompts``) leave size and/or position unnamed: an
+    object drawn at another size or position than the spec's random ones scores full marks
+    on what the caption names, fails position where that is scored, and an empty sample
+    still fails colour and shape; bad ``unscored`` sets are refused."""
+    prompts = w.free_eval_prompts(24, mode, 5)
+    specs = [s for _, s, _ in prompts]
+    unscored = [u for _, _, u in prompts]
+    render = w.render_clip if mode == "t2v" else w.render_image
+    rng = np.random.default_rng(0)
+    moved = []
+    for spec, left_out in zip(specs, unscored, strict=True):  # unnamed ones changed
+        obj = spec.objects[0]
+        others = [p for p in w.POSITIONS if p != obj.position]
+        if "position" in left_out:
+            obj = dataclasses.replace(obj, position=str(rng.choice(others)))
+        if "size" in left_out:
+            obj = dataclasses.replace(obj, size="small" if obj.size == "large" else "large")
+        moved.append(dataclasses.replace(spec, objects=(obj,)))
+    samples = [render(s) for s in moved]
+    free = ev.evaluate(samples, specs, unscored)
+    assert min(free.accuracy.values()) >= 0.95, free.summary()
+    assert free.counts["position"] == sum("position" not in u for u in unscored) == 8
+    assert free.counts["size"] == sum("size" not in u for u in unscored) == 8
+    assert free.counts["colour"] == 24
+    named = ev.evaluate(samples, specs)  # scoring everything, the moves are caught
+    assert named.accuracy["position"] <= 8 / 24 + 0.05 and named.accuracy["size"] <= 8 / 24 + 0.05
+    axes = ev.position_axes(free)
+    assert axes and min(axes.values()) >= 0.95
+    blank = [np.broadcast_to(np.asarray(w.render_background(s.background, 64, 64), np.uint8),
+                             np.shape(x)) for s, x in zip(specs, samples, strict=True)]
+    empty = ev.evaluate(blank, specs, unscored)
+    assert empty.accuracy["colour"] == 0.0 and empty.accuracy["shape"] == 0.0
+    assert empty.accuracy["count"] == 0.0
+    with pytest.raises(ValueError, match="unscored"):
+        ev.evaluate(samples, specs, unscored[:-1])
+    with pytest.raises(ValueError, match="unscored"):
+        ev.evaluate(samples, specs, [frozenset({"mood"})] * len(specs))

@@ -244,6 +244,11 @@ def test_anonymise_removes_colour_and_shape():
         "a small object in the top left corner on a grass background"
     assert anonymise("a big violet circle slides left across a starry night sky") == \
         "a big object slides left across a starry night sky"
+    # free captions (no size): the article follows the word that is left
+    assert anonymise("a blue circle slides to the right across a night sky") == \
+        "an object slides to the right across a night sky"
+    assert anonymise("A red star on a grass background, an orange square") == \
+        "An object on a grass background, an object"
 
 
 def test_wider_decoder_trains_on_the_frozen_encoder_and_is_loaded_after(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -383,3 +384,36 @@ def test_the_denoiser_trains_on_free_captions_at_its_share():
         DenoiserTask(torch.device("cpu"), None, free_caption_share=1.5)
     with pytest.raises(SystemExit):
         main(["dit", "--out", "/nonexistent/run", "--free-caption-share", "-0.1"])
+
+
+@pytest.mark.parametrize("mode", w.MODES)
+def test_free_eval_prompts_are_held_out_and_leave_out_what_they_say(mode):
+    """``free_eval_prompts``: held-out triples only, each caption leaves out exactly its
+    ``unnamed`` set (all three kinds, in turn), names the spec's other attributes, and the
+    named prompts of ``eval_prompts`` are not disturbed (another random stream)."""
+    before = w.eval_prompts(12, mode, 3)
+    prompts = w.free_eval_prompts(30, mode, 3)
+    assert w.eval_prompts(12, mode, 3) == before
+    assert w.free_eval_prompts(30, mode, 3) == prompts
+    assert len(prompts) == 30
+    held_out = set(w.held_out_triples())
+    for i, (text, spec, unnamed) in enumerate(prompts):
+        obj = spec.objects[0]
+        assert len(spec.objects) == 1 and spec.video == (mode == "t2v")
+        assert (obj.colour, obj.shape, spec.background) in held_out
+        assert unnamed == w.FREE_EVAL_UNNAMED[i % 3]
+        assert w.unnamed_attributes(text) == unnamed, text
+        # with stand-ins for the unnamed words, the caption reads as the spec's scene
+        repaired = re.sub(rf"\b{obj.shape}\b", ("small " if "size" in unnamed else "")
+                          + obj.shape + (" in the center" if "position" in unnamed else ""),
+                          text, count=1)
+        read = w.parse_caption(repaired)
+        assert read.background == spec.background, text
+        got = read.objects[0]
+        assert (got.colour, got.shape, got.motion) == (obj.colour, obj.shape, obj.motion), text
+        assert "size" in unnamed or got.size == obj.size, text
+        assert "position" in unnamed or got.position == obj.position, text
+    with pytest.raises(ValueError, match="mode"):
+        w.free_eval_prompts(4, "x2y")
+    with pytest.raises(ValueError, match="n: -1"):
+        w.free_eval_prompts(-1, mode)
