@@ -35,7 +35,7 @@ T2I = (
     "a large white star at the top of the frame on a teal background",
 )
 T2V = "a blue circle slides to the right across a night sky"
-I2V = "a small red star moves down on a grass background"
+I2V = "a small red star in the top left corner moves down on a grass background"
 R2V = "a large object moves to the left on a beige background"
 SEED = 7
 SCALE = 2
