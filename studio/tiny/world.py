@@ -998,8 +998,15 @@ def eval_prompts(n: int = 256, mode: str = "t2i", seed: int = 0) -> list[tuple[s
         raise ValueError(f"unknown mode {mode!r}")
     video = mode == "t2v"
     rng = np.random.default_rng([seed, 2024, int(video)])
+    # each caption draws from rng before the next scene does (the generator is lazy)
+    return [(caption(spec, rng), spec) for spec in _held_out_scenes(rng, n, video)]
+
+
+def _held_out_scenes(rng: np.random.Generator, n: int, video: bool) -> Iterator[SceneSpec]:
+    """``n`` single-object scenes of the held-out triples, cycled through (each pass in a
+    fresh random order), with random size, position and (clips) motion, drawn from ``rng``
+    one scene at a time."""
     triples = held_out_triples()
-    out: list[tuple[str, SceneSpec]] = []
     order: np.ndarray = np.arange(0)
     for i in range(n):
         if i % len(triples) == 0:
@@ -1007,9 +1014,7 @@ def eval_prompts(n: int = 256, mode: str = "t2i", seed: int = 0) -> list[tuple[s
         colour, shape, background = triples[order[i % len(triples)]]
         obj = ObjectSpec(colour, shape, _pick(rng, SIZES), _pick(rng, POSITIONS),
                          _pick(rng, MOTIONS) if video else "still")
-        spec = SceneSpec(background, (obj,), video)
-        out.append((caption(spec, rng), spec))
-    return out
+        yield SceneSpec(background, (obj,), video)
 
 
 #: The unnamed sets :func:`free_eval_prompts` cycles through, in this order.
@@ -1044,16 +1049,8 @@ def free_eval_prompts(n: int = 64, mode: str = "t2i",
         raise ValueError(f"n: {n} is below 0")
     video = mode == "t2v"
     rng = np.random.default_rng([seed, 4048, int(video)])
-    triples = held_out_triples()
     out: list[tuple[str, SceneSpec, frozenset[str]]] = []
-    order: np.ndarray = np.arange(0)
-    for i in range(n):
-        if i % len(triples) == 0:
-            order = rng.permutation(len(triples))
-        colour, shape, background = triples[order[i % len(triples)]]
-        obj = ObjectSpec(colour, shape, _pick(rng, SIZES), _pick(rng, POSITIONS),
-                         _pick(rng, MOTIONS) if video else "still")
-        spec = SceneSpec(background, (obj,), video)
+    for i, spec in enumerate(_held_out_scenes(rng, n, video)):
         unnamed = FREE_EVAL_UNNAMED[i % len(FREE_EVAL_UNNAMED)]
         out.append((caption(spec, rng, unnamed=unnamed), spec, unnamed))
     return out
