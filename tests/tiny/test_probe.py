@@ -80,9 +80,12 @@ def test_position_awareness_finds_what_the_layers_know_and_nothing_in_the_embedd
     assert list(aware)[:2] == ["embed", "block0"] and len(aware) == 7
     # a pure-noise patch embedding holds no position: the probe reads chance (1/8) there
     assert aware["embed"]["row"] < 0.25 and aware["embed"]["column"] < 0.25, aware
-    # the shipped denoiser knows its rows from the frame's edges by its last block
-    assert aware["block5"]["row"] > 0.9, aware
-    assert aware["block5"]["column"] > 0.3, aware
+    # the shipped denoiser knows its rows and columns from the frame's edges in its blocks
+    # (the recipe's weights best at block 1, where their position read-out trains; the
+    # weights before them by block 5)
+    best_row = max(aware[k]["row"] for k in aware if k != "embed")
+    best_column = max(aware[k]["column"] for k in aware if k != "embed")
+    assert best_row > 0.9 and best_column > 0.3, aware
     with pytest.raises(ValueError, match="samples"):
         position_awareness(probe, samples=5)
     with pytest.raises(ValueError, match="noise_level"):
