@@ -279,11 +279,11 @@ def bars(modes: dict[str, dict], speed: dict[str, float] | None) -> list[dict]:
                              "value": f"{value:.1%}", "holds": value >= bar})
         if "first_frame_psnr_db" in res:
             value = res["first_frame_psnr_db"]["mean"]
-            rows.append({"what": "i2v first-frame PSNR (mean)", "bar": f">= {I2V_PSNR_BAR_DB:g} dB",
+            rows.append({"what": f"{mode} first-frame PSNR (mean)", "bar": f">= {I2V_PSNR_BAR_DB:g} dB",
                          "value": f"{value:.1f} dB", "holds": value >= I2V_PSNR_BAR_DB})
         if "reference_match" in res:
             value = res["reference_match"]
-            rows.append({"what": "r2v colour+shape of the reference", "bar": f">= {R2V_MATCH_BAR:.0%}",
+            rows.append({"what": f"{mode} colour+shape of the reference", "bar": f">= {R2V_MATCH_BAR:.0%}",
                          "value": f"{value:.1%}", "holds": value >= R2V_MATCH_BAR})
         for row in rows[start:]:  # free captions: our own check at issue 3's bars
             row["issue_3"] = not mode.endswith(" free")
