@@ -239,12 +239,16 @@ class JobExecutor:
             return runner, runner.apply_memory_plan(plan)
         except MemoryPlanChange as exc:
             log.info("%s: loading %s again", exc, runner.entry.model_id)
-            runner = self.reload(runner)
+            # offload starts from the CPU (a rank's parallel plan needs its device)
+            runner = self.reload(runner, torch.device("cpu") if self.on_runner_loaded is None
+                                 else None)
             return runner, runner.apply_memory_plan(plan)
 
-    def reload(self, runner: FamilyRunner) -> FamilyRunner:
+    def reload(self, runner: FamilyRunner, load_device: torch.device | None = None
+               ) -> FamilyRunner:
         """A fresh load of ``runner``'s model at its precision, in its place in
-        :attr:`loaded`; the old one's modules leave the device first (both never share it)."""
+        :attr:`loaded`, its weights put on ``load_device`` (default: :meth:`load_device`);
+        the old one's modules leave the device first (both never share it)."""
         key = next((k for k, r in self.loaded.items() if r is runner), None)
         entry, precision = getattr(runner, "load_args", (runner.entry, "as-loaded"))
         if key is not None:
@@ -258,7 +262,7 @@ class JobExecutor:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        fresh, _ = self.runner_for(entry, precision)
+        fresh, _ = self.runner_for(entry, precision, load_device)
         return fresh
 
     # -- environment ------------------------------------------------------------------------
@@ -299,10 +303,27 @@ class JobExecutor:
 
         return 2 * entry.size_bytes <= available_bytes(self.device)
 
-    def runner_for(self, entry: ModelEntry,
-                   precision: str = "as-loaded") -> tuple[FamilyRunner, float]:
+    def load_device(self, entry: ModelEntry) -> torch.device:
+        """Where a new load of ``entry`` puts its weights: the engine's device, or the CPU
+        for a model that does not fit on its GPU (:meth:`_room_for`, after the unloading in
+        :meth:`runner_for`). From the CPU the first job's memory plan moves the weights to
+        the GPU whole if the job fits after all, or sets up diffusers' CPU offload; loaded
+        straight onto the GPU, such a model ran out of memory before any plan was made.
+        A rank of a multi-GPU group (``on_runner_loaded`` set) always loads on its device:
+        its parallel plan is applied at load and shards the modules where they lie."""
+        if self.device.type == "cpu" or self.on_runner_loaded is not None \
+                or self._room_for(entry):
+            return self.device
+        log.info("%s: %.1f GB of weights do not fit on %s beside the loaded models; loading "
+                 "them on the CPU for the memory plan", entry.model_id, entry.size_bytes / 1e9,
+                 self.device)
+        return torch.device("cpu")
+
+    def runner_for(self, entry: ModelEntry, precision: str = "as-loaded",
+                   load_device: torch.device | None = None) -> tuple[FamilyRunner, float]:
         """The loaded runner for ``entry`` at ``precision`` (loading it and transforming its
-        denoiser weights if needed, see studio.engine.precision) and the load time in s."""
+        denoiser weights if needed, see studio.engine.precision) and the load time in s.
+        A new load puts the weights on ``load_device`` (default: :meth:`load_device`)."""
         key = entry.load_key if precision == "as-loaded" else f"{entry.load_key}|{precision}"
         if key in self.loaded:
             self.loaded.move_to_end(key)
@@ -314,7 +335,8 @@ class JobExecutor:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
         t0 = time.perf_counter()
-        runner = runner_class(entry.family)(entry, self.device, self.dtype)
+        runner = runner_class(entry.family)(entry, self.device, self.dtype,
+                                            load_device or self.load_device(entry))
         runner.precision_notes = []
         if precision != "as-loaded":
             from studio.engine.precision import apply_precision

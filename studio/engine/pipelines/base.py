@@ -9,6 +9,7 @@ job is cancelled, so cancellation takes effect within one denoising step.
 from __future__ import annotations
 
 import inspect
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -227,12 +228,24 @@ class FamilyRunner:
     """Base of the per-family runners: one loaded model, run many requests.
 
     Subclasses implement :meth:`run`. ``preview`` turns step latents into a uint8 image.
+
+    Args:
+        entry: the model.
+        device: where jobs run.
+        dtype: the weights' compute dtype.
+        load_device: where the weights are put at load (default ``device``). The CPU for a
+            model whose weights do not fit on ``device``: the first job's memory plan
+            (:meth:`apply_memory_plan`) then moves them there whole or sets up diffusers'
+            offload from the CPU, instead of the load running out of device memory before
+            any plan is made.
     """
 
-    def __init__(self, entry: ModelEntry, device: torch.device, dtype: torch.dtype):
+    def __init__(self, entry: ModelEntry, device: torch.device, dtype: torch.dtype,
+                 load_device: torch.device | None = None):
         self.entry = entry
         self.device = device
         self.dtype = dtype
+        self.load_device = device if load_device is None else load_device
         self.preview: LatentPreview | None = None
         self.embeddings = EmbeddingCache()
 
@@ -339,7 +352,21 @@ class FamilyRunner:
             return vae.decode(z / scale + shift, return_dict=False)[0]
 
         return LatentPreview.fit(decode, (int(vae.config.latent_channels), 4, 4),
-                                 self.vae_scale_factor, device=self.device, dtype=vae.dtype)
+                                 self.vae_scale_factor, device=vae.device, dtype=vae.dtype)
+
+    def weights_device(self) -> torch.device:
+        """Where the denoiser's weights are now: ``load_device`` until the first memory plan
+        moves them (:meth:`memory_estimate` traces its fake inputs there, so that they meet
+        the weights on one device); ``device`` when there is no denoiser parameter."""
+        for module in self.denoisers():
+            for tensor in itertools.chain(module.parameters(), module.buffers()):
+                return tensor.device
+        return self.device
+
+    def extra_modules(self) -> list[torch.nn.Module]:
+        """Modules the runner loaded beside the diffusers pipeline (e.g. a reference-image
+        encoder): the memory plan puts them on ``device`` whole (they are small)."""
+        return []
 
     def denoisers(self) -> list[torch.nn.Module]:
         """The denoiser modules the optimization levers apply to (transformer, and
@@ -469,6 +496,8 @@ class FamilyRunner:
             set_vae_tiling(self.base, plan.vae_tiling)  # the offload stays as it is
         else:
             apply_plan(self.base, plan, self.device)
+            for module in self.extra_modules():
+                module.to(self.device)
         self._memory_plan = plan
         return plan
 

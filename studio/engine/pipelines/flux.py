@@ -28,11 +28,11 @@ from studio.engine.pipelines.base import (
 class FluxRunner(FamilyRunner):
     """Runs FLUX.1 requests on one loaded model."""
 
-    def __init__(self, entry, device, dtype):
-        super().__init__(entry, device, dtype)
+    def __init__(self, entry, device, dtype, load_device=None):
+        super().__init__(entry, device, dtype, load_device)
         from diffusers import FluxImg2ImgPipeline, FluxPipeline
 
-        base = load_pipeline(FluxPipeline, entry, dtype).to(device)
+        base = load_pipeline(FluxPipeline, entry, dtype).to(self.load_device)
         base.set_progress_bar_config(disable=True)
         self.pipes = {"t2i": base, "i2i": derive_pipeline(FluxImg2ImgPipeline, base)}
         self.base = base
@@ -51,7 +51,7 @@ class FluxRunner(FamilyRunner):
                           dtype=np.float32)
 
     def stage_inputs(self, request: GenerationRequest) -> dict:
-        base, dev = self.base, self.device
+        base, dev = self.base, self.weights_device()
         tr, vae = base.transformer, base.vae
         cfg = tr.config
         h, w = request.height // self.vae_scale_factor, request.width // self.vae_scale_factor

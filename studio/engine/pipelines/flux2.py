@@ -26,11 +26,11 @@ from studio.engine.preview import LatentPreview
 class Flux2Runner(FamilyRunner):
     """Runs FLUX.2 text-to-image requests on one loaded model."""
 
-    def __init__(self, entry, device, dtype):
-        super().__init__(entry, device, dtype)
+    def __init__(self, entry, device, dtype, load_device=None):
+        super().__init__(entry, device, dtype, load_device)
         import diffusers
 
-        base = load_pipeline(diffusers.Flux2Pipeline, entry, dtype).to(device)
+        base = load_pipeline(diffusers.Flux2Pipeline, entry, dtype).to(self.load_device)
         base.set_progress_bar_config(disable=True)
         self.base = base
         self.pipes = {"t2i": base}
@@ -53,7 +53,7 @@ class Flux2Runner(FamilyRunner):
 
         channels = int(vae.config.latent_channels) * 4
         return LatentPreview.fit(decode, (channels, 4, 4), self.vae_scale_factor * 2,
-                                 device=self.device, dtype=vae.dtype)
+                                 device=vae.device, dtype=vae.dtype)
 
     @torch.no_grad()
     def run(self, request: GenerationRequest, inputs: dict[str, np.ndarray],
@@ -88,7 +88,7 @@ class Flux2Runner(FamilyRunner):
         return self.result(images, timings, clock, notes)
 
     def stage_inputs(self, request: GenerationRequest) -> dict:
-        base, dev = self.base, self.device
+        base, dev = self.base, self.weights_device()
         tr, vae = base.transformer, base.vae
         cfg = tr.config
         side = self.vae_scale_factor * 2

@@ -38,11 +38,11 @@ def native_sample_size(width: int, height: int, vae_scale_factor: int) -> float:
 class HiDreamRunner(FamilyRunner):
     """Runs HiDream-I1 text-to-image requests on one loaded model."""
 
-    def __init__(self, entry, device, dtype):
-        super().__init__(entry, device, dtype)
+    def __init__(self, entry, device, dtype, load_device=None):
+        super().__init__(entry, device, dtype, load_device)
         import diffusers
 
-        base = load_pipeline(diffusers.HiDreamImagePipeline, entry, dtype).to(device)
+        base = load_pipeline(diffusers.HiDreamImagePipeline, entry, dtype).to(self.load_device)
         base.set_progress_bar_config(disable=True)
         self.base = base
         self.pipes = {"t2i": base}
@@ -79,7 +79,7 @@ class HiDreamRunner(FamilyRunner):
         return self.result(images, timings, clock, notes)
 
     def stage_inputs(self, request: GenerationRequest) -> dict:
-        base, dev = self.base, self.device
+        base, dev = self.base, self.weights_device()
         tr, vae = base.transformer, base.vae
         h, w = request.height // self.vae_scale_factor, request.width // self.vae_scale_factor
         latents = torch.zeros(1, int(vae.config.latent_channels), h, w, device=dev,

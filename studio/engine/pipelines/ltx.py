@@ -42,11 +42,11 @@ class LTXRunner(FamilyRunner):
 
     PIPELINES = {"t2v": "LTXPipeline", "i2v": "LTXImageToVideoPipeline"}
 
-    def __init__(self, entry, device, dtype):
-        super().__init__(entry, device, dtype)
+    def __init__(self, entry, device, dtype, load_device=None):
+        super().__init__(entry, device, dtype, load_device)
         import diffusers
 
-        base = load_pipeline(diffusers.DiffusionPipeline, entry, dtype).to(device)
+        base = load_pipeline(diffusers.DiffusionPipeline, entry, dtype).to(self.load_device)
         base.set_progress_bar_config(disable=True)
         self.pipes = {mode: derive_pipeline(getattr(diffusers, name), base)
                       for mode, name in self.PIPELINES.items()}
@@ -66,7 +66,7 @@ class LTXRunner(FamilyRunner):
             return vae.decode(z, _decode_timestep(vae, z), return_dict=False)[0]
 
         return LatentPreview.fit(decode, (int(vae.config.latent_channels), 1, 4, 4),
-                                 self.spatial, device=self.device, dtype=vae.dtype)
+                                 self.spatial, device=vae.device, dtype=vae.dtype)
 
     def _latents_view(self, request: GenerationRequest, frames: int):
         f = (frames - 1) // self.temporal + 1
@@ -111,7 +111,7 @@ class LTXRunner(FamilyRunner):
         return self.result(frames_out, timings, clock, notes)
 
     def stage_inputs(self, request: GenerationRequest) -> dict:
-        base, dev = self.base, self.device
+        base, dev = self.base, self.weights_device()
         tr, vae = base.transformer, base.vae
         cfg = tr.config
         frames = 1 if request.mode == "t2i" else request.num_frames

@@ -117,7 +117,7 @@ class LTX2Runner(LTXRunner):
         (Gemma's stacked hidden states through the text connectors), ``denoise`` (one
         audio-video transformer call on the CFG batch) and ``decode`` (the video VAE; the
         audio VAE and vocoder are small and counted with it)."""
-        base, dev = self.base, self.device
+        base, dev = self.base, self.weights_device()
         tr, vae, conn = base.transformer, base.vae, base.connectors
         cfg = tr.config
         frames = 1 if request.mode == "t2i" else request.num_frames

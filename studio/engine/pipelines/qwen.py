@@ -31,11 +31,11 @@ from studio.engine.preview import LatentPreview
 class QwenImageRunner(FamilyRunner):
     """Runs Qwen-Image requests on one loaded model."""
 
-    def __init__(self, entry, device, dtype):
-        super().__init__(entry, device, dtype)
+    def __init__(self, entry, device, dtype, load_device=None):
+        super().__init__(entry, device, dtype, load_device)
         import diffusers
 
-        base = load_pipeline(diffusers.DiffusionPipeline, entry, dtype).to(device)
+        base = load_pipeline(diffusers.DiffusionPipeline, entry, dtype).to(self.load_device)
         base.set_progress_bar_config(disable=True)
         self.pipes = {"t2i": derive_pipeline(diffusers.QwenImagePipeline, base),
                       "i2i": derive_pipeline(diffusers.QwenImageImg2ImgPipeline, base),
@@ -57,7 +57,7 @@ class QwenImageRunner(FamilyRunner):
                               return_dict=False)[0]
 
         return LatentPreview.fit(decode, (z, 1, 4, 4), self.vae_scale_factor,
-                                 device=self.device, dtype=vae.dtype)
+                                 device=vae.device, dtype=vae.dtype)
 
     @torch.no_grad()
     def run(self, request: GenerationRequest, inputs: dict[str, np.ndarray],
@@ -115,7 +115,7 @@ class QwenImageRunner(FamilyRunner):
         return self.result(images, timings, clock, notes)
 
     def stage_inputs(self, request: GenerationRequest) -> dict:
-        base, dev = self.base, self.device
+        base, dev = self.base, self.weights_device()
         tr, vae = base.transformer, base.vae
         cfg = tr.config
         h, w = request.height // self.vae_scale_factor, request.width // self.vae_scale_factor

@@ -47,11 +47,11 @@ CLASSES = {
 class StableDiffusionRunner(FamilyRunner):
     """Runs SD 1.5, SDXL and SD3 requests on one loaded model."""
 
-    def __init__(self, entry, device, dtype):
-        super().__init__(entry, device, dtype)
+    def __init__(self, entry, device, dtype, load_device=None):
+        super().__init__(entry, device, dtype, load_device)
         import diffusers
 
-        base = load_pipeline(diffusers.DiffusionPipeline, entry, dtype).to(device)
+        base = load_pipeline(diffusers.DiffusionPipeline, entry, dtype).to(self.load_device)
         base.set_progress_bar_config(disable=True)
         self.family = entry.family
         t2i, i2i, inpaint = (getattr(diffusers, name) for name in CLASSES[self.family])
@@ -134,7 +134,7 @@ class StableDiffusionRunner(FamilyRunner):
         return self.result(images, timings, clock, notes)
 
     def stage_inputs(self, request: GenerationRequest) -> dict:
-        base, dev = self.base, self.device
+        base, dev = self.base, self.weights_device()
         vae, den = base.vae, self.denoiser
         h, w = request.height // self.vae_scale_factor, request.width // self.vae_scale_factor
         batch = 2 if request.guidance_scale > 1.0 else 1  # CFG runs as one batch here

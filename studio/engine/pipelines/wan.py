@@ -55,8 +55,8 @@ from studio.engine.preview import LatentPreview
 class WanRunner(FamilyRunner):
     """Runs Wan-family requests on one loaded model (see the module docstring)."""
 
-    def __init__(self, entry, device, dtype):
-        super().__init__(entry, device, dtype)
+    def __init__(self, entry, device, dtype, load_device=None):
+        super().__init__(entry, device, dtype, load_device)
         from diffusers import (
             DiffusionPipeline,
             WanImageToVideoPipeline,
@@ -64,7 +64,7 @@ class WanRunner(FamilyRunner):
             WanVideoToVideoPipeline,
         )
 
-        base = load_pipeline(DiffusionPipeline, entry, dtype).to(device)
+        base = load_pipeline(DiffusionPipeline, entry, dtype).to(self.load_device)
         base.set_progress_bar_config(disable=True)
         config = {k: base.config.get(k) for k in ("boundary_ratio", "expand_timesteps")
                   if k in base.config}
@@ -77,7 +77,7 @@ class WanRunner(FamilyRunner):
         self.reference_encoder = None
         if entry.reference_encoder and "r2v" in entry.capabilities.modes:
             self.reference_encoder = load_reference_encoder(
-                entry.path / entry.reference_encoder, dtype, entry.model_id).to(device)
+                entry.path / entry.reference_encoder, dtype, entry.model_id).to(self.load_device)
         self.reference_words = None
         if self.reference_encoder is not None and entry.reference_words:
             self.reference_words = ReferenceWords.load(
@@ -85,6 +85,11 @@ class WanRunner(FamilyRunner):
                 base.tokenizer, base.text_encoder,
                 int(self.reference_encoder.config.hidden_size), entry.model_id)
         self.preview = self._fit_preview()
+
+    def extra_modules(self) -> list[torch.nn.Module]:
+        """The reference-image encoder, outside the diffusers pipeline."""
+        encoder = getattr(self, "reference_encoder", None)  # WanVaceRunner has none
+        return [encoder] if encoder is not None else []
 
     def _fit_preview(self) -> LatentPreview:
         vae = self.base.vae
@@ -97,10 +102,10 @@ class WanRunner(FamilyRunner):
             return vae.decode(z, return_dict=False)[0]
 
         return LatentPreview.fit(decode, (int(vae.config.z_dim), 1, 4, 4), spatial,
-                                 device=self.device, dtype=vae.dtype)
+                                 device=vae.device, dtype=vae.dtype)
 
     def stage_inputs(self, request: GenerationRequest) -> dict:
-        base, dev = self.base, self.device
+        base, dev = self.base, self.weights_device()
         vae, tr = base.vae, base.transformer
         sf, tf = int(vae.config.scale_factor_spatial), int(vae.config.scale_factor_temporal)
         frames = 1 if request.mode in ("t2i", "i2i") else request.num_frames
@@ -592,11 +597,11 @@ class WanVaceRunner(WanRunner):
     references as VACE reference images) and image-to-video (the first frame given as a
     VACE control frame with a mask that keeps it, the rest generated)."""
 
-    def __init__(self, entry, device, dtype):
-        FamilyRunner.__init__(self, entry, device, dtype)
+    def __init__(self, entry, device, dtype, load_device=None):
+        FamilyRunner.__init__(self, entry, device, dtype, load_device)
         from diffusers import DiffusionPipeline
 
-        base = load_pipeline(DiffusionPipeline, entry, dtype).to(device)
+        base = load_pipeline(DiffusionPipeline, entry, dtype).to(self.load_device)
         base.set_progress_bar_config(disable=True)
         self.base = base
         self.pipes = {"vace": base}
