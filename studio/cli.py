@@ -87,10 +87,11 @@ class OneLineErrors(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineErrors(prog="studio", description=__doc__.splitlines()[0])
+    parser = OneLineErrors(prog="studio", allow_abbrev=False,
+                           description=__doc__.splitlines()[0].replace("``", "`"))
     sub = parser.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("render", help="generate an image or a video",
+    r = sub.add_parser("render", help="generate an image or a video", allow_abbrev=False,
                        description="Generate an image or a video; the request is embedded in "
                                    "the output file. Unset values take the model's defaults.")
     r.add_argument("--prompt", default=None, help="what to generate")
@@ -131,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "followed and its target replaced")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    m = sub.add_parser("models", help="list the models the studio can see")
+    m = sub.add_parser("models", help="list the models the studio can see", allow_abbrev=False)
     m.add_argument("--model-folder", action="append", default=[])
     m.add_argument("--no-hf-cache", action="store_true", help="skip the Hugging Face cache")
     return parser
@@ -195,6 +196,17 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
     from studio.engine.models.folders import ModelError
     from studio.store.export import read_metadata
 
+    for name in ("init_image", "mask", "first_frame", "from_file"):
+        value = getattr(args, name)
+        if value is not None and not value.strip():  # '' would silently change the mode
+            flag = "--from" if name == "from_file" else FLAGS.get(name, "--mask")
+            raise BadInput(f"{name.removesuffix('_file')} ({flag})='': give an image file")
+    for i, value in enumerate(args.reference):
+        if not value.strip():
+            raise BadInput(f"references[{i}] (--reference)='': give an image file")
+    if args.mask and not args.init_image:
+        raise BadInput(f"mask (--mask)={args.mask!r}: marks what to repaint in an image; give "
+                       f"that image with --init-image")
     base: dict[str, Any] = {}
     notes: list[str] = []
     if args.from_file:
@@ -227,6 +239,7 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
     mode = args.mode or base.get("mode") or ("i2i" if args.init_image else
                                              "i2v" if args.first_frame else
                                              "r2v" if args.reference else None)
+    mode_from_suffix = ""  # the output's suffix when it chose the mode
     if mode is None:  # only a prompt: the output's suffix says image or video
         from studio.store.export import IMAGE_SUFFIXES
 
@@ -239,6 +252,7 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
         video = suffix not in IMAGE_SUFFIXES and (
             counted and frames > 1 or not counted and suffix in (".mp4", ".gif"))
         mode = "t2v" if video else "t2i"
+        mode_from_suffix = suffix
         if video and not counted:
             notes.append(f"mode: text-to-video for the {suffix} output (pass --mode t2i for "
                          f"a one-frame {suffix})")
@@ -359,6 +373,11 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
         if args.strength is None:  # say where a strength the user never gave came from
             lines = [line.replace("(--strength)=", "(--strength, the default)=", 1)
                      for line in lines]
+        if mode_from_suffix:  # the user never chose the mode: say what did
+            lines = [line.replace(f"in image mode {mode}", f"in image mode {mode} (an image, "
+                                  f"from the {mode_from_suffix} suffix of --out; use .mp4 "
+                                  f"for a video)", 1) for line in lines]
+
         raise BadInput("\nerror: ".join(lines))
     return request, pixels, notes
 
@@ -412,12 +431,15 @@ def cmd_render(args) -> int:
     from studio.engine.attention_config import attention_override
     from studio.engine.executor import resolve_device
     from studio.engine.models.registry import ModelRegistry
-    from studio.engine.worker import WorkerConfig
+    from studio.engine.worker import WorkerConfig, cpu_threads_auto
     from studio.store.export import check_suffix
 
     try:
+        if not args.device.strip():
+            raise ValueError("device='': must be auto, cpu, cuda or cuda:N")
         resolve_device(args.device)
         attention_override()  # a bad STUDIO_ATTENTION is bad input, found before model work
+        cpu_threads_auto()  # and a bad STUDIO_CPU_THREADS
     except ValueError as exc:
         raise BadInput(str(exc)) from None
     check_model_folders(args.model_folder)
@@ -433,6 +455,14 @@ def cmd_render(args) -> int:
     except ValueError as exc:
         inferred = "" if args.mode else f" (mode {request.mode})"
         raise BadInput(f"{exc}{inferred}") from None
+    if Path(out_path).suffix.lower() != Path(args.out).suffix.lower():
+        # a link is written through: its target's name decides the format
+        try:
+            check_suffix(out_path, request.num_frames)
+        except ValueError:
+            raise BadInput(f"out={args.out!r}: is a link to {str(out_path)!r}, which is what "
+                           f"would be written; its name must end in "
+                           f"{Path(args.out).suffix.lower()} too") from None
     original = None
     if args.from_file:  # decoded before the job: a damaged file must not cost the render
         from studio.store.export import read_frames, read_metadata
@@ -568,11 +598,35 @@ def _size(n: int) -> str:
     return str(n)
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The parsed command line; an unknown option is refused by the command's own parser
+    (``studio render: error: unrecognized arguments: --Steps 2 (did you mean --steps?); see
+    studio render --help``). Options must be spelled whole: an abbreviation of today's
+    options could mean another one tomorrow."""
+    import difflib
+
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        command = sub.choices[args.command]
+        options = [o for a in command._actions for o in a.option_strings]
+        hints = []
+        for word in extra:
+            if word.startswith("-"):
+                close = difflib.get_close_matches(word.split("=")[0].lower(), options, n=1)
+                if close:
+                    hints.append(f"{word.split('=')[0]}: did you mean {close[0]}?")
+        command.error(f"unrecognized arguments: {' '.join(extra)}"
+                      + (f" ({'; '.join(hints)})" if hints else ""))
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     import signal
     import threading
 
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     previous = None
     if threading.current_thread() is threading.main_thread():
         def _terminate(_signum, _frame):

@@ -37,6 +37,20 @@ EventFn = Callable[[ev.JobEvent], None]
 CPU_THREADS_ENV = "STUDIO_CPU_THREADS"
 
 
+def cpu_threads_auto() -> bool:
+    """Whether ``STUDIO_CPU_THREADS`` asks for ``auto`` threads (any case, spaces ignored);
+    unset or empty: torch's default thread count.
+
+    Raises:
+        ValueError: any other value (a typo would otherwise silently keep the default).
+    """
+    value = os.environ.get(CPU_THREADS_ENV, "")
+    if value.strip().lower() in ("", "auto"):
+        return value.strip().lower() == "auto"
+    raise ValueError(f"{CPU_THREADS_ENV}={value!r}: must be auto (jobs on the cores other "
+                     f"programs leave free) or unset (torch's default thread count)")
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkerConfig:
     """What a worker needs to build its executor (picklable, for child processes).
@@ -81,8 +95,11 @@ class WorkerConfig:
                                  include_hf_cache=self.include_hf_cache)
         executor = JobExecutor(registry, device, max_loaded=self.max_loaded,
                                memory_budget_bytes=int(self.memory_budget_gb * 2**30))
-        executor.auto_cpu_threads = (not self.torch_threads
-                                     and os.environ.get(CPU_THREADS_ENV, "") == "auto")
+        try:
+            auto = cpu_threads_auto()
+        except ValueError:  # the studio and the CLI refuse it up front; never fail the engine
+            auto = False
+        executor.auto_cpu_threads = not self.torch_threads and auto
         return executor
 
 

@@ -87,19 +87,27 @@ INPUT_FIELDS = {"init_image": "init image", "first_frame": "first frame",
 
 
 def drop_bad_attention_override() -> str:
-    """Checks ``STUDIO_ATTENTION`` before the engine starts. A bad value is removed from this
-    process's environment (so the engine, which inherits it, runs each profile's own
-    attention instead of failing every job) and described in the returned notice; "" when
-    the variable is unset or valid."""
+    """Checks ``STUDIO_ATTENTION`` and ``STUDIO_CPU_THREADS`` before the engine starts. A bad
+    value is removed from this process's environment (so the engine, which inherits it, runs
+    each profile's own attention, or torch's default threads, instead of failing every job)
+    and described in the returned notice; "" when both are unset or valid."""
     from studio.engine.api import ATTENTION_ENV, attention_override
+    from studio.engine.worker import CPU_THREADS_ENV, cpu_threads_auto
 
+    notices = []
     try:
         attention_override()
     except ValueError as exc:
         value = os.environ.pop(ATTENTION_ENV, "")
-        return (f"{ATTENTION_ENV}={value!r} is ignored: {str(exc).split(': ', 1)[-1]}. "
-                f"Each profile's own attention runs.")
-    return ""
+        notices.append(f"{ATTENTION_ENV}={value!r} is ignored: {str(exc).split(': ', 1)[-1]}. "
+                       f"Each profile's own attention runs.")
+    try:
+        cpu_threads_auto()
+    except ValueError as exc:
+        value = os.environ.pop(CPU_THREADS_ENV, "")
+        notices.append(f"{CPU_THREADS_ENV}={value!r} is ignored: {str(exc).split(': ', 1)[-1]}."
+                       f" Jobs run on torch's default thread count.")
+    return " ".join(notices)
 
 
 class MainWindow(QMainWindow):

@@ -503,6 +503,50 @@ def test_trial_findings_long_names_huge_or_foreign_files_and_argparse_errors(tmp
     assert not list(tmp_path.glob("o.*"))
 
 
+def test_trial_findings_of_session_43(tmp_path, capsys, monkeypatch):
+    """From the session-43 new-user trial: each was silently ignored, misleading, or an
+    internal error after the render; now one line, exit 2, before model work."""
+    def refused(*args):
+        code, _, err = studio_inproc(capsys, "render", "--prompt", "x", *args)
+        assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1
+        assert "internal" not in err
+        return err
+
+    palette = CASES / "002-init-image-modes" / "palette.png"
+    png = tmp_path / "o.png"
+    # an empty name no longer drops the input (and the mode with it)
+    assert "init_image (--init-image)='': give an image file" in refused(
+        "--init-image", "", "--out", png)
+    assert "references[0] (--reference)='': give an image file" in refused(
+        "--reference", "", "--out", tmp_path / "o.mp4")
+    assert "device='': must be auto" in refused("--device", "", "--out", png)
+    # a mask alone says what it lacks (it named mode i2i, or the mask's colours)
+    assert "give that image with --init-image" in refused("--mask", palette, "--out", png)
+    # the mode a .png chose is said
+    assert "from the .png suffix of --out; use .mp4" in refused("--frames", "9", "--out", png)
+    # a link is written through: its target's name must be an output name too
+    (tmp_path / "target.txt").write_text("notes")
+    (tmp_path / "link.png").symlink_to(tmp_path / "target.txt")
+    assert "is a link to" in refused("--out", tmp_path / "link.png", "--overwrite")
+    assert (tmp_path / "target.txt").read_text() == "notes"
+    # a typo in STUDIO_CPU_THREADS is not silently the default
+    monkeypatch.setenv("STUDIO_CPU_THREADS", "atuo")
+    assert "STUDIO_CPU_THREADS='atuo': must be auto" in refused("--out", png)
+    monkeypatch.setenv("STUDIO_CPU_THREADS", " AUTO ")
+    from studio.engine.worker import cpu_threads_auto
+
+    assert cpu_threads_auto()
+    monkeypatch.delenv("STUDIO_CPU_THREADS")
+    # options are spelled whole, and an unknown one is named with its likely meaning
+    for args, words in ((["--promp", "x"], "--promp: did you mean --prompt?"),
+                        (["--Steps", "2"], "--Steps: did you mean --steps?")):
+        with pytest.raises(SystemExit) as info:
+            studio_inproc(capsys, "render", *args, "--out", png)
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and words in err and "see studio render --help" in err
+    assert not list(tmp_path.glob("o.*"))
+
+
 def test_inputs_of_two_modes_name_those_two_modes(tmp_path, capsys):
     image = tmp_path / "in.png"
     Image.new("RGB", (64, 64), (200, 30, 30)).save(image)

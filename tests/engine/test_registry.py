@@ -171,6 +171,23 @@ def test_studio_json_overrides_defaults(tiny_models, tmp_path):
     assert caps.default_width == 96 and caps.modes == {"t2v", "t2i"}  # cannot add modes
 
 
+def test_a_bad_studio_json_lists_its_model_as_unusable_and_the_scan_goes_on(tiny_models,
+                                                                           tmp_path):
+    """A studio.json that is not JSON (or not an object) made `studio models` fail whole
+    with an internal error; now that one model is listed with the reason."""
+    copy(tiny_models["flux"], tmp_path / "good")
+    for name, text in (("notjson", "not json"), ("list", "[1, 2]")):
+        bad = copy(tiny_models["wan-t2v"], tmp_path / name)
+        (bad / "studio.json").write_text(text)
+    reg = ModelRegistry([tmp_path], include_hf_cache=False)
+    listed = {e.path.name: e for e in reg.list()}
+    assert listed["good"].usable
+    assert "studio.json is not readable JSON" in listed["notjson"].error
+    assert "studio.json is not a JSON object" in listed["list"].error
+    with pytest.raises(ModelError, match="not readable JSON"):
+        reg.resolve(str(tmp_path / "notjson"))
+
+
 def test_a_config_asking_for_weights_the_files_lack_is_named_at_load(tiny_models, tmp_path):
     """One more layer in config.json than in the weights: diffusers leaves it on the meta
     device and the first .to() fails deep in torch; we name the part and the missing keys."""

@@ -152,12 +152,14 @@ def test_a_bad_studio_attention_is_one_notice_and_jobs_still_run(tmp_path, loop,
     from tests.ui.conftest import fill_prompt
 
     monkeypatch.setenv("STUDIO_ATTENTION", "sage,tiles=64x100")
+    monkeypatch.setenv("STUDIO_CPU_THREADS", "atuo")  # and a typo in the other switch
     project = Project.create(tmp_path / "project")
     w = make_window(project)
     text, error = w.last_message
     assert error and "STUDIO_ATTENTION='sage,tiles=64x100' is ignored" in text
     assert "tiles: (64, 100) must be two of 16, 32, 64, 128" in text
-    assert "STUDIO_ATTENTION" not in os.environ
+    assert "STUDIO_CPU_THREADS='atuo' is ignored: must be auto" in text
+    assert "STUDIO_ATTENTION" not in os.environ and "STUDIO_CPU_THREADS" not in os.environ
     fill_prompt(w, "a bad switch does not stop work")
     [vid] = w.generate()
     run(loop, until(lambda: project.document.variant(vid).status == Status.DONE, 90))

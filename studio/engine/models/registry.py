@@ -290,7 +290,10 @@ class ModelRegistry:
                            dtype=_stored_dtype(files),
                            pipeline_class=cls, index=index, variant=folder_variant(files))
         studio_json = folder / "studio.json"
-        extra = read_json(studio_json, mid) if studio_json.exists() else {}
+        try:
+            extra = read_json(studio_json, mid) if studio_json.exists() else {}
+        except ModelError as exc:  # listed as unusable; the scan goes on
+            return replace(entry, error=str(exc))
         try:
             caps = capabilities_for(family, folder, index, name=mid, extra=extra)
             data = dict(extra.get("capabilities", {}))
