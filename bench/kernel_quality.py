@@ -67,6 +67,28 @@ def kept_fraction(frames: int, rows: int, cols: int, setting: str = "sparse") ->
     return float(mask.float().mean())
 
 
+def video_token_grid(folder: Path, frames: int, height: int, width: int
+                     ) -> tuple[int, int, int]:
+    """(latent frames, token rows, token columns) of a Wan-layout model folder's video tokens
+    for a clip of ``frames`` frames of ``height`` x ``width`` pixels: the VAE's temporal and
+    spatial scale factors (``vae/config.json``; Wan's causal VAE keeps the first frame alone,
+    so ``(frames - 1) // t + 1``) and the denoiser's (t, h, w) ``patch_size``
+    (``transformer/config.json``).
+
+    Raises:
+        ValueError: the folder lacks either config or a field of it.
+    """
+    try:
+        vae = json.loads((folder / "vae" / "config.json").read_text())
+        den = json.loads((folder / "transformer" / "config.json").read_text())
+        st, ss = int(vae["scale_factor_temporal"]), int(vae["scale_factor_spatial"])
+        pt, ph, pw = (int(x) for x in den["patch_size"])
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"model folder {folder}: no Wan-layout VAE/denoiser config "
+                         f"({type(exc).__name__}: {exc})") from exc
+    return ((frames - 1) // st + 1) // pt, height // ss // ph, width // ss // pw
+
+
 def compare(outputs: list[np.ndarray], reference: list[np.ndarray]) -> dict[str, float]:
     """PSNR (dB, capped at 99) and SSIM of each output against the reference's: median and
     worst over the prompts."""
@@ -149,6 +171,8 @@ def main(argv: list[str]) -> int:
     caps = entry.capabilities
     executor = JobExecutor(registry, torch.device("cpu"))
     started = time.time()
+    out = Path(args.out) if args.out else (ROOT / "bench" / "results" /
+                                           f"{time.strftime('%Y-%m-%d')}-kernel-quality.json")
     saved = os.environ.get(ATTENTION_ENV)
     attributes: set[str] = set()
     results: dict[str, list[dict]] = {}
@@ -159,6 +183,8 @@ def main(argv: list[str]) -> int:
             reference = None
             rows = []
             for name, value in settings:
+                if mode == "t2i" and value.startswith("sparse"):
+                    continue  # images have no video grid: sparse runs as its inner kernel
                 os.environ[ATTENTION_ENV] = value
                 t0 = time.time()
                 outputs = [run_job(executor, s.request, s.inputs)[0] for s in samples]
@@ -179,13 +205,16 @@ def main(argv: list[str]) -> int:
                     row["within_bar"] = within_bar(row["delta_points"])
                     row["pixels"] = compare(outputs, reference[0])
                     if value.startswith("sparse") and mode != "t2i":
-                        # the embedded model's grid: VAE 4x4 spatial, 4x temporal; patch 2x2
-                        f = (caps.default_frames - 1) // 4 + 1
-                        row["kept"] = kept_fraction(f, caps.default_height // 8,
-                                                    caps.default_width // 8, value)
+                        grid = video_token_grid(entry.path, caps.default_frames,
+                                                caps.default_height, caps.default_width)
+                        row["grid"] = list(grid)
+                        row["kept"] = kept_fraction(*grid, value)
                 rows.append(row)
                 print(f"{mode} {name}: {json.dumps(row)}", flush=True)
-            results[mode] = rows
+                results[mode] = rows
+                # the rows so far, so that a stopped run keeps them
+                save_result(out, run_header("kernel-quality", argv, entry, args.threads) |
+                            {"modes": results, "complete": False, "file": out.name})
     finally:
         if saved is None:
             os.environ.pop(ATTENTION_ENV, None)
@@ -193,8 +222,6 @@ def main(argv: list[str]) -> int:
             os.environ[ATTENTION_ENV] = saved
     order = ("background", "count", "colour", "shape", "size", "position", "motion")
     result = run_header("kernel-quality", argv, entry, args.threads)
-    out = Path(args.out) if args.out else (ROOT / "bench" / "results" /
-                                           f"{result['date']}-kernel-quality.json")
     result |= {"attributes": [a for a in order if a in attributes], "modes": results,
                "all_within_bar": all(r.get("within_bar", True)
                                      for rows in results.values() for r in rows),
