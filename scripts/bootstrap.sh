@@ -24,6 +24,8 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
             # No NVIDIA GPU: the CPU build, not a multi-GB CUDA download. PyPI's Linux torch
             # is the CUDA build; PyTorch's CPU index has 2.13.0+cpu, which pip prefers (a
             # local wheel of it, where the machine has one, serves offline).
+            echo "[bootstrap] torch 2.13.0 (CPU build); offline, pip's retry warnings for" \
+                "download.pytorch.org are harmless when a local wheel serves" >&2
             "$VENV/bin/python" -m pip install -q --retries 1 "torch==2.13.0" \
                 --extra-index-url https://download.pytorch.org/whl/cpu >&2
         fi
