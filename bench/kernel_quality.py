@@ -17,10 +17,11 @@ other lever), and compares with PyTorch SDPA on the same seeds:
 * the pixels: PSNR and SSIM of each output against SDPA's (median and worst).
 
 Settings: ``flash`` (our flash-style kernel: fp32 accumulation), ``sage`` with FP8 P·V (what
-the balanced profile runs on Hopper), ``sage`` with 16-bit P·V (other GPUs), and ``sparse``
-(the fast profile's block-sparse local window for video self-attention, ``sage`` with FP8 for
-the other calls). The kept fraction of the sparse mask at the model's video token grid is
-reported beside it.
+the balanced profile runs on GPUs before Hopper), ``sage`` with 16-bit P·V (other GPUs), and
+``sparse`` (the fast profile's block-sparse local window for video self-attention, ``sage``
+with FP8 for the other calls and above its dense warm-up's timestep), by default as the fast
+profile runs it, at every step, and from a later timestep. The kept fraction of the sparse
+mask at the model's video token grid (:func:`video_token_grid`) is reported beside it.
 
 Writes ``bench/results/<date>-kernel-quality.json``; ``--write`` also puts the table into
 docs/PERFORMANCE.md.
@@ -40,10 +41,14 @@ from bench.doc import ROOT, save_result, write_block
 
 # (name, STUDIO_ATTENTION value); the first is the reference
 SETTINGS = (("sdpa", ""), ("flash", "flash"), ("sage, fp8 P·V (Hopper)", "sage,pv_fp8"),
-            ("sage, 16-bit P·V", "sage"), ("sparse (+ sage fp8)", "sparse,pv_fp8"),
-            ("sparse without the first-frame sink", "sparse,pv_fp8,sink=0"),
-            ("sparse, frame window 0 + sink", "sparse,pv_fp8,window=0x4x4"))
+            ("sage, 16-bit P·V", "sage"),
+            ("sparse (+ sage fp8), dense above timestep 900 (fast's default)",
+             "sparse,pv_fp8,below=900"),
+            ("sparse (+ sage fp8) at every step", "sparse,pv_fp8"),
+            ("sparse from timestep 450", "sparse,pv_fp8,below=450"))
 BAR_POINTS = 2.0
+# a setting run by its STUDIO_ATTENTION value (--settings) -> its name in the standard set
+NAMES = {value: name for name, value in SETTINGS if value}
 
 
 def within_bar(delta_points: dict[str, float]) -> bool:
@@ -101,6 +106,45 @@ def compare(outputs: list[np.ndarray], reference: list[np.ndarray]) -> dict[str,
             "ssim_median": float(np.median(ssim)), "ssim_min": float(np.min(ssim))}
 
 
+def merge_results(results: list[dict]) -> dict:
+    """One report from several runs on the same weights, threads and prompts (each mode's
+    SDPA reference from the first run that has it; a setting's row from the last run that has
+    it). The command lists each run's.
+
+    Raises:
+        ValueError: the runs' weights or thread counts differ, or two SDPA references of a
+            mode disagree (not the same prompts).
+    """
+    if not results:
+        raise ValueError("merge: no results given")
+    for key in ("training_step", "torch_threads"):
+        if len({r.get(key) for r in results}) != 1:
+            raise ValueError(f"merge: the runs differ in {key}")
+    order = ("background", "count", "colour", "shape", "size", "position", "motion")
+    modes: dict[str, dict[str, dict]] = {}
+    for r in results:
+        for mode, rows in r["modes"].items():
+            kept = modes.setdefault(mode, {})
+            for row in rows:
+                row = dict(row, setting=NAMES.get(row["setting"], row["setting"]))
+                if row["setting"] == "sdpa" and "sdpa" in kept:
+                    if row["accuracy"] != kept["sdpa"]["accuracy"]:
+                        raise ValueError(f"merge: {mode}'s SDPA references differ (not the "
+                                         f"same prompts?)")
+                    continue
+                kept[row["setting"]] = row
+    attributes = {a for rows in modes.values() for row in rows.values() for a in row["accuracy"]}
+    merged = {k: results[0][k] for k in ("date", "machine_note", "torch_threads",
+                                         "training_step") if k in results[0]}
+    merged |= {"command": " ; ".join(r["command"] for r in results),
+               "attributes": [a for a in order if a in attributes],
+               "modes": {m: list(rows.values()) for m, rows in modes.items()},
+               "all_within_bar": all(row.get("within_bar", True) for rows in modes.values()
+                                     for row in rows.values()),
+               "merged_from": [r["file"] for r in results]}
+    return merged
+
+
 def markdown(result: dict) -> str:
     lines = [f"`{result['command']}` on {result['machine_note']}, weights of training step "
              f"{result['training_step']}, {result['date']} (`bench/results/{result['file']}`)."
@@ -143,7 +187,25 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", default=None, help="result JSON (default "
                     "bench/results/<date>-kernel-quality.json)")
     ap.add_argument("--write", action="store_true", help="also update docs/PERFORMANCE.md")
+    ap.add_argument("--merge", nargs="+", metavar="RESULT", default=None,
+                    help="run nothing: merge these result JSONs (same weights and prompts) "
+                         "into one report, written to --out")
     args = ap.parse_args(argv)
+    if args.merge:
+        if not args.out:
+            ap.error("--merge needs --out")
+        try:
+            result = merge_results([json.loads(Path(f).read_text()) for f in args.merge])
+        except (OSError, ValueError, KeyError) as exc:
+            ap.error(f"--merge: {exc}")
+        result["file"] = Path(args.out).name
+        save_result(Path(args.out), result)
+        table = markdown(result)
+        print(table)
+        if args.write:
+            write_block("kernel-quality", table,
+                        "Attention kernels' numerics on the embedded model (issue 7)")
+        return 0
     modes = [m for m in args.modes.split(",") if m]
     if not modes or any(m not in ("t2i", "t2v", "i2v") for m in modes):
         ap.error(f"--modes: {args.modes!r}; allowed: t2i, t2v, i2v")

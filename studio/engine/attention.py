@@ -104,6 +104,7 @@ class _Router(TorchFunctionMode):
         super().__init__()
         self.config, self.stats = config, stats
         self.grid: tuple[int, int, int] | None = None  # the running forward's token grid
+        self.timestep: float | None = None  # the running forward's (highest) timestep
         self.layouts: dict = {}  # block-sparse layouts by grid and settings
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -164,6 +165,9 @@ class _Router(TorchFunctionMode):
         """The block-sparse layout for video self-attention, None for any other call."""
         if self.grid is None:
             return None
+        below = self.config.sparse_below_timestep
+        if below < 1000.0 and (self.timestep is None or self.timestep >= below):
+            return None  # the dense warm-up (an unknown timestep stays dense too)
         frames, rows, cols = self.grid
         n = frames * rows * cols
         if frames < 2 or q.shape[2] != n or k.shape[2] != n:
@@ -266,6 +270,10 @@ class _RootHook(ModelHook):
     def new_forward(self, module, *args, **kwargs):
         hidden = kwargs.get("hidden_states", args[0] if args else None)
         self.router.grid = token_grid(module, hidden) if torch.is_tensor(hidden) else None
+        self.router.timestep = None
+        if self.router.grid is not None and self.config.sparse_below_timestep < 1000.0:
+            t = kwargs.get("timestep", args[1] if len(args) > 1 else None)
+            self.router.timestep = float(t.max()) if torch.is_tensor(t) and t.numel() else None
         if not (getattr(module, "_studio_compiled", None) and torch.is_tensor(hidden)
                 and _install_dispatch_route()):
             with self.router:  # eager: the torch function mode (per thread)

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 KERNELS = ("sdpa", "flash", "sage", "sparse")
 # AttentionConfig's fields and the STUDIO_ATTENTION options that set them
 _OPTION_OF_FIELD = {"sparse_window": "window", "sparse_inner": "inner",
-                    "sparse_sink_frames": "sink", "sage_tiles": "tiles"}
+                    "sparse_sink_frames": "sink", "sage_tiles": "tiles",
+                    "sparse_below_timestep": "below"}
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,13 @@ class AttentionConfig:
         sparse_sink_frames: latent frames at the start every video query attends to whole
             (``sparse`` only; see :func:`~studio.kernels.block_sparse_attention.mask.
             build_video_mask`); clamped to the clip's frames.
+        sparse_below_timestep: video self-attention runs sparse only at denoiser timesteps
+            below this value (0-1000, the scale of Wan's schedulers; the highest of the
+            call's timesteps counts) and dense (``sparse_inner``) above it: the early, noisy
+            steps lay out the whole clip's objects and motion, the late ones refine locally.
+            The dense warm-up of Sparse VideoGen (Xi et al., 2025) and Radial Attention
+            (Li et al., 2025), placed by noise level rather than by step count. 1000: sparse
+            at every step.
         sage_tiles: ``sage``'s (block_m, block_n), its quantization blocks too, each one of
             16, 32, 64, 128 (block_n >= 32 with ``pv_fp8``); None: the op's default for the
             device
@@ -43,6 +51,7 @@ class AttentionConfig:
     pv_fp8: bool | None = None
     sparse_sink_frames: int = 1
     sage_tiles: tuple[int, int] | None = None
+    sparse_below_timestep: float = 1000.0
 
     def __post_init__(self):
         if self.sage_tiles is not None and (
@@ -63,6 +72,9 @@ class AttentionConfig:
                              f"half-extents (frames, rows, cols)")
         if self.block not in (16, 32, 64, 128):
             raise ValueError(f"block: {self.block} is not one of 16, 32, 64, 128")
+        if not 0.0 <= float(self.sparse_below_timestep) <= 1000.0:
+            raise ValueError(f"sparse_below_timestep: {self.sparse_below_timestep!r} must be "
+                             f"in [0, 1000]")
         if not isinstance(self.sparse_sink_frames, int) or self.sparse_sink_frames < 0:
             raise ValueError(f"sparse_sink_frames: {self.sparse_sink_frames!r} must be an "
                              f"int >= 0")
@@ -77,6 +89,7 @@ def attention_override(text: str | None = None) -> AttentionConfig | None:
 
     Format: a kernel name, then optional comma-separated options: ``sage``, ``sage,pv_fp8``
     (P·V in FP8 as on Hopper), ``sparse,window=1x4x4``, ``sparse,inner=sage``, ``sparse,sink=0``,
+    ``sparse,below=600`` (sparse only below timestep 600),
     ``sage,pv_fp8,tiles=64x128`` (sage's tiles = quantization blocks). On the CPU the
     kernels run their torch emulations (:mod:`studio.kernels`), so their numerics can be
     judged on a real model without a GPU (``python -m bench kernel-quality``).
@@ -110,6 +123,12 @@ def attention_override(text: str | None = None) -> AttentionConfig | None:
                 raise ValueError(f"{ATTENTION_ENV}: {name}={value!r} is not {form}") from None
         elif name == "inner" and value:
             fields["sparse_inner"] = value
+        elif name == "below" and value:
+            try:
+                fields["sparse_below_timestep"] = float(value)
+            except ValueError:
+                raise ValueError(f"{ATTENTION_ENV}: below={value!r} is not a timestep "
+                                 f"(0-1000)") from None
         elif name == "sink" and value:
             try:
                 fields["sparse_sink_frames"] = int(value)
@@ -117,7 +136,7 @@ def attention_override(text: str | None = None) -> AttentionConfig | None:
                 raise ValueError(f"{ATTENTION_ENV}: sink={value!r} is not a frame count") from None
         else:
             raise ValueError(f"{ATTENTION_ENV}: option {option!r} is not one of pv_fp8, "
-                             f"window=FxRxC, inner=flash|sage, sink=N, tiles=MxN")
+                             f"window=FxRxC, inner=flash|sage, sink=N, below=T, tiles=MxN")
     try:
         return AttentionConfig(**fields)
     except ValueError as exc:  # name the option as typed, not the field it fills

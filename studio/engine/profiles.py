@@ -60,6 +60,14 @@ DEFAULT_STEP_CACHE = {
 # H200 (bench/results/2026-11-30-h200-run3-run.log): balanced keeps SDPA there.
 GPU_ATTENTION = {"quality": "sdpa", "balanced": "sage", "fast": "sparse"}
 SDPA_WINS_FROM_CAPABILITY = (9, 0)
+# fast's sparse attention runs dense (sage) at timesteps >= this (0-1000): the dense warm-up of
+# Sparse VideoGen and Radial Attention, by noise level. On the embedded model every later start
+# of sparsity held more of the stock adherence (motion -59, -23, -12, -3 points sparse from
+# timestep 1000, 700, 450, 250; bench/results/2026-12-07-kernel-quality-*.json) and none held
+# all of it: its studio.json turns sparsity off (``"attention": {"fast": "sage"}``). 900 is
+# the first ~35 % of a 50-step Wan schedule at shift 5 dense, near those papers' warm-ups;
+# its quality on real Wan weights is not measured yet.
+FAST_SPARSE_BELOW_TIMESTEP = 900.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,9 @@ class ProfileLevers:
         attention_config: the full attention settings when the ``STUDIO_ATTENTION``
             environment variable forces them (every profile, any device; see
             :func:`studio.engine.attention.attention_override`), else None.
+        attention_tuned: the model's own attention settings for this profile on CUDA, from
+            its studio.json (``"attention": {"fast": "sage"}``, the ``STUDIO_ATTENTION``
+            format), else None.
     """
 
     profile: str
@@ -99,6 +110,7 @@ class ProfileLevers:
     guidance_reuse: CfgReuseConfig | None = None
     attention_config: object | None = None  # an AttentionConfig forced by STUDIO_ATTENTION
     fused_blocks: bool = False
+    attention_tuned: object | None = None  # an AttentionConfig from the model's studio.json
 
     def attention_settings(self):
         """The :class:`~studio.engine.attention.AttentionConfig` this profile runs."""
@@ -106,8 +118,12 @@ class ProfileLevers:
 
         if self.attention_config is not None:
             return self.attention_config
-        return AttentionConfig(kernel=self.attention,
-                               sparse_inner="sage" if self.attention == "sparse" else "flash")
+        if self.attention_tuned is not None:
+            return self.attention_tuned
+        sparse = self.attention == "sparse"
+        return AttentionConfig(kernel=self.attention, sparse_inner="sage" if sparse else "flash",
+                               sparse_below_timestep=FAST_SPARSE_BELOW_TIMESTEP if sparse
+                               else 1000.0)
 
     def describe(self) -> str:
         """One line for the user: what this run turned on."""
@@ -226,7 +242,7 @@ def levers_for(profile: str, device: torch.device | str = "cpu",
     if profile not in PROFILES:
         raise ValueError(f"optimization.profile: {profile!r} is not one of "
                          f"{', '.join(PROFILES)}")
-    from studio.engine.attention import attention_override
+    from studio.engine.attention import AttentionConfig, attention_override
 
     forced = attention_override()
     if profile == "exact":
@@ -258,7 +274,21 @@ def levers_for(profile: str, device: torch.device | str = "cpu",
         dev = torch.device(device)
         if torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count():
             capability = torch.cuda.get_device_capability(dev)
-    if (forced is None and attention == "sage" and capability is not None
+    tuned = None
+    tuned_text = ((tuning or {}).get("attention") or {}).get(profile)
+    if tuned_text is not None:
+        try:
+            tuned = attention_override(str(tuned_text))
+        except ValueError as exc:
+            raise ValueError(f"studio.json attention.{profile}: "
+                             f"{str(exc).removeprefix('STUDIO_ATTENTION: ')}") from None
+        if kind != "cuda" or forced is not None or tuned is None:
+            tuned = None  # the CPU keeps SDPA; STUDIO_ATTENTION wins
+        else:
+            attention = tuned.kernel
+            if tuned == AttentionConfig(kernel=tuned.kernel):  # no options: the plain kernel
+                tuned = None
+    if (forced is None and tuned is None and attention == "sage" and capability is not None
             and capability >= SDPA_WINS_FROM_CAPABILITY):
         attention = "sdpa"
     if kind == "cuda" and profile == "fast":
@@ -268,7 +298,7 @@ def levers_for(profile: str, device: torch.device | str = "cpu",
                      else "fp8-dynamic" if capability >= (8, 9) else "int8-dynamic")
     return ProfileLevers(profile, step_cache=cache, attention=attention, precision=precision,
                          guidance_reuse=reuse, attention_config=forced,
-                         fused_blocks=kind == "cuda")
+                         fused_blocks=kind == "cuda", attention_tuned=tuned)
 
 
 def _uncacheable_reason(module: torch.nn.Module) -> str:
@@ -399,6 +429,9 @@ def profile_table() -> str:
             attention = lv.attention
             if device == "cuda" and attention == "sage":
                 attention = "sage (sdpa from compute capability 9.0)"
+            if device == "cuda" and attention == "sparse":
+                attention = (f"sparse below timestep {FAST_SPARSE_BELOW_TIMESTEP:g}, sage above "
+                             f"(a model's studio.json may turn it off)")
             rows.append(f"| {profile} | {device} | {cache} | {precision} | {attention} | "
                         f"{'on' if lv.fused_blocks else 'off'} | "
                         f"{'on' if lv.compile else 'off'} |")

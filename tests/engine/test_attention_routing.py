@@ -143,6 +143,29 @@ def test_sparse_routing_uses_the_video_token_grid():
     remove_attention(model)
 
 
+def test_sparse_runs_dense_above_its_timestep():
+    """The dense warm-up: at timesteps at or above ``sparse_below_timestep`` video
+    self-attention runs the inner kernel whole (the same output as the dense kernel), below
+    it the sparse layout."""
+    model = tiny_wan()
+    x, text = torch.randn(1, 4, 4, 8, 8), torch.randn(1, 7, 16)
+    config = AttentionConfig(kernel="sparse", sparse_window=(0, 1, 1), block=16,
+                             sparse_below_timestep=600.0)
+    stats = apply_attention(model, config)
+    early, late = call(model, x, text, t=800.0), call(model, x, text, t=599.0)
+    # t=800: 2 self-attention calls dense + 2 cross; t=599: 2 sparse + 2 cross
+    assert stats["sparse"] == 2 and stats["flash"] == 6
+    apply_attention(model, AttentionConfig(kernel="flash"))
+    torch.testing.assert_close(early, call(model, x, text, t=800.0), atol=0, rtol=0)
+    assert not torch.allclose(late, call(model, x, text, t=599.0), atol=1e-3)
+    # a Wan 2.2 TI2V-style per-token timestep counts by its highest value
+    apply_attention(model, config)
+    with torch.no_grad():
+        model(x, torch.full((1, 64), 500.0), text, return_dict=False)
+    assert model._studio_attention[1]["sparse"] == 2
+    remove_attention(model)
+
+
 def test_masked_calls_stay_on_sdpa():
     model = torch.nn.Module()
     stats = apply_attention(model, AttentionConfig(kernel="flash"))
@@ -215,6 +238,39 @@ def test_profiles_route_attention_on_cuda_only():
     assert model._studio_attention is None
 
 
+@pytest.mark.parametrize("capability", [(9, 0), (8, 0)])
+def test_a_models_studio_json_tunes_a_profiles_attention_on_cuda(monkeypatch, capability):
+    """fast runs sparse with a dense warm-up (dense at timesteps >= 900); a model's studio.json
+    may set the profile's attention in the STUDIO_ATTENTION format (the embedded model turns
+    sparsity off: no setting held its adherence, bench kernel-quality). sage tuned in follows
+    the device rule (SDPA on Hopper); the CPU keeps SDPA; STUDIO_ATTENTION still wins; a bad
+    value names the studio.json field."""
+    from studio.engine.models.registry import EMBEDDED_ID, ModelRegistry
+    from studio.engine.profiles import FAST_SPARSE_BELOW_TIMESTEP, levers_for
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    stock = levers_for("fast", "cuda").attention_settings()
+    assert stock.kernel == "sparse" and stock.sparse_inner == "sage"
+    assert stock.sparse_below_timestep == FAST_SPARSE_BELOW_TIMESTEP < 1000
+    embedded = ModelRegistry(include_hf_cache=False).resolve(EMBEDDED_ID).tuning
+    assert embedded["attention"] == {"fast": "sage"}
+    fast = levers_for("fast", "cuda", embedded)
+    assert fast.attention == ("sdpa" if capability >= (9, 0) else "sage")
+    assert levers_for("fast", "cpu", embedded).attention == "sdpa"
+    tuned = levers_for("fast", "cuda", {"attention": {"fast": "sparse,below=450"}})
+    assert tuned.attention == "sparse"
+    assert tuned.attention_settings().sparse_below_timestep == 450.0
+    assert levers_for("balanced", "cuda", {"attention": {"fast": "sage"}}).attention == \
+        levers_for("balanced", "cuda").attention  # other profiles untouched
+    monkeypatch.setenv("STUDIO_ATTENTION", "flash")
+    assert levers_for("fast", "cuda", embedded).attention == "flash"
+    monkeypatch.delenv("STUDIO_ATTENTION")
+    with pytest.raises(ValueError, match="studio.json attention.fast: kernel: 'xformers'"):
+        levers_for("fast", "cuda", {"attention": {"fast": "xformers"}})
+
+
 def test_studio_attention_env_forces_a_kernel_on_every_profile(monkeypatch):
     """STUDIO_ATTENTION runs a kernel (its torch emulation on the CPU) under any profile,
     exact included, so its numerics can be judged on a real model; unset, the profile's own
@@ -251,11 +307,13 @@ def test_studio_attention_env_forces_a_kernel_on_every_profile(monkeypatch):
     sparse = attention_override("sparse,window=0x2x2,inner=flash")
     assert (sparse.sparse_window, sparse.sparse_inner) == ((0, 2, 2), "flash")
     assert attention_override("sage,pv_fp8,tiles=64x128").sage_tiles == (64, 128)
+    assert attention_override("sparse,below=450").sparse_below_timestep == 450.0
     for bad, word in (("xformers", "kernel"), ("sage,fp4", "option"),
                       ("sparse,window=2x2", "window: "), ("sparse,window=ax2x2", "window"),
                       ("sage,tiles=64x100", "tiles: "), ("sage,tiles=big", "tiles"),
                       ("sage,pv_fp8,tiles=64x16", "tiles: block_n 16 with pv_fp8"),
-                      (",,", "names no kernel"), ("sparse,sink=-1", "sink: ")):
+                      (",,", "names no kernel"), ("sparse,sink=-1", "sink: "),
+                      ("sparse,below=soon", "below"), ("sparse,below=1001", "below: ")):
         with pytest.raises(ValueError, match=f"STUDIO_ATTENTION.*{word}"):
             attention_override(bad)
     assert attention_override("  ") is None

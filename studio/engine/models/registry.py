@@ -72,7 +72,8 @@ class ModelEntry:
         pipeline_class: diffusers pipeline class named in model_index.json.
         call_kwargs: extra pipeline-call arguments from the folder's ``studio.json``.
         description: one line about the model, from ``studio.json``.
-        tuning: per-model optimization settings from ``studio.json`` (``step_cache``, ``guidance_reuse``).
+        tuning: per-model optimization settings from ``studio.json`` (``step_cache``,
+            ``guidance_reuse``, ``attention``).
         denoiser_file: a single-file denoiser checkpoint run on this folder's other
             components (:mod:`studio.engine.models.single_file`); None for a plain folder.
         denoiser_subfolder: the folder's component it replaces (``transformer``/``unet``).
@@ -320,7 +321,8 @@ class ModelRegistry:
         return replace(entry, capabilities=caps, call_kwargs=dict(extra.get("call_kwargs", {})),
                        reference_encoder=ref_enc, reference_words=dict(ref_words),
                        description=str(extra.get("description", "")),
-                       tuning={k: extra[k] for k in ("step_cache", "guidance_reuse") if k in extra})
+                       tuning={k: extra[k] for k in ("step_cache", "guidance_reuse", "attention")
+                               if k in extra})
 
     # -- resolving --------------------------------------------------------------------------
     def resolve(self, model_id: str) -> ModelEntry:
