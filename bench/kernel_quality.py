@@ -199,13 +199,7 @@ def main(argv: list[str]) -> int:
         except (OSError, ValueError, KeyError) as exc:
             ap.error(f"--merge: {exc}")
         result["file"] = Path(args.out).name
-        save_result(Path(args.out), result)
-        table = markdown(result)
-        print(table)
-        if args.write:
-            write_block("kernel-quality", table,
-                        "Attention kernels' numerics on the embedded model (issue 7)")
-        return 0
+        return publish(result, Path(args.out), args.write)
     modes = [m for m in args.modes.split(",") if m]
     if not modes or any(m not in ("t2i", "t2v", "i2v") for m in modes):
         ap.error(f"--modes: {args.modes!r}; allowed: t2i, t2v, i2v")
@@ -288,10 +282,16 @@ def main(argv: list[str]) -> int:
                "all_within_bar": all(r.get("within_bar", True)
                                      for rows in results.values() for r in rows),
                "seconds": round(time.time() - started, 1), "file": out.name}
+    return publish(result, out, args.write)
+
+
+def publish(result: dict, out: Path, write: bool) -> int:
+    """Saves ``result`` to ``out``, prints its table and, with ``write``, puts the table into
+    docs/PERFORMANCE.md. Returns the exit status (0)."""
     save_result(out, result)
     table = markdown(result)
     print(table)
-    if args.write:
+    if write:
         write_block("kernel-quality", table,
                     "Attention kernels' numerics on the embedded model (issue 7)")
     return 0

@@ -95,18 +95,15 @@ def drop_bad_attention_override() -> str:
     from studio.engine.worker import CPU_THREADS_ENV, cpu_threads_auto
 
     notices = []
-    try:
-        attention_override()
-    except ValueError as exc:
-        value = os.environ.pop(ATTENTION_ENV, "")
-        notices.append(f"{ATTENTION_ENV}={value!r} is ignored: {str(exc).split(': ', 1)[-1]}. "
-                       f"Each profile's own attention runs.")
-    try:
-        cpu_threads_auto()
-    except ValueError as exc:
-        value = os.environ.pop(CPU_THREADS_ENV, "")
-        notices.append(f"{CPU_THREADS_ENV}={value!r} is ignored: {str(exc).split(': ', 1)[-1]}."
-                       f" Jobs run on torch's default thread count.")
+    for env, check, fallback in (
+            (ATTENTION_ENV, attention_override, "Each profile's own attention runs."),
+            (CPU_THREADS_ENV, cpu_threads_auto, "Jobs run on torch's default thread count.")):
+        try:
+            check()
+        except ValueError as exc:
+            value = os.environ.pop(env, "")
+            notices.append(f"{env}={value!r} is ignored: {str(exc).split(': ', 1)[-1]}. "
+                           f"{fallback}")
     return " ".join(notices)
 
 
