@@ -188,6 +188,26 @@ def test_a_bad_studio_json_lists_its_model_as_unusable_and_the_scan_goes_on(tiny
         reg.resolve(str(tmp_path / "notjson"))
 
 
+def test_a_studio_json_attention_tuning_is_checked_when_the_model_is_listed(tiny_models,
+                                                                            tmp_path):
+    """A bad ``attention`` tuning would fail each job of the profile on a GPU; the model is
+    listed unusable with the reason instead."""
+    cases = {"kernel": ({"fast": "xformers"}, "attention: fast: kernel: 'xformers'"),
+             "profile": ({"turbo": "sage"}, "attention: 'turbo' is not quality"),
+             "option": ({"fast": "sparse,below=2000"}, "attention: fast: below: 2000.0"),
+             "shape": (["sage"], "attention: must be an object")}
+    for name, (value, _) in cases.items():
+        folder = copy(tiny_models["wan-t2v"], tmp_path / name)
+        (folder / "studio.json").write_text(json.dumps({"attention": value}))
+    good = copy(tiny_models["wan-t2v"], tmp_path / "good")
+    (good / "studio.json").write_text(json.dumps({"attention": {"fast": "sparse,below=450"}}))
+    listed = {e.path.name: e for e in ModelRegistry([tmp_path], include_hf_cache=False).list()}
+    for name, (_, words) in cases.items():
+        assert words in listed[name].error, (name, listed[name].error)
+    assert listed["good"].usable and listed["good"].tuning["attention"]["fast"] == \
+        "sparse,below=450"
+
+
 def test_a_config_asking_for_weights_the_files_lack_is_named_at_load(tiny_models, tmp_path):
     """One more layer in config.json than in the weights: diffusers leaves it on the meta
     device and the first .to() fails deep in torch; we name the part and the missing keys."""

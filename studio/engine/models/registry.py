@@ -307,6 +307,9 @@ class ModelRegistry:
             return replace(entry, error=f"{studio_json}: {exc}")
         if modes is not None:
             caps = replace(caps, modes=frozenset(modes) & caps.modes)
+        why = _attention_tuning_error(extra.get("attention"))
+        if why:
+            return replace(entry, error=f"{studio_json}: attention: {why}")
         ref_enc = extra.get("reference_tokens", "")
         if ref_enc and (not isinstance(ref_enc, str) or "/" in ref_enc or "\\" in ref_enc
                         or ref_enc.startswith(".")
@@ -389,6 +392,27 @@ class ModelRegistry:
                 cached = weights_hash(entry.path, files)
             self._hash_cache[entry.load_key] = cached
         return cached
+
+
+def _attention_tuning_error(value) -> str:
+    """Why ``studio.json``'s ``attention`` (profile -> a ``STUDIO_ATTENTION``-format string,
+    e.g. ``{"fast": "sage"}``) is unusable; "" when it is usable or absent."""
+    from studio.engine.attention_config import ATTENTION_ENV, attention_override
+
+    if value is None:
+        return ""
+    if not isinstance(value, dict):
+        return f"must be an object of profile -> attention, not {type(value).__name__}"
+    for profile, text in value.items():
+        if profile not in ("quality", "balanced", "fast"):
+            return f"{profile!r} is not quality, balanced or fast"
+        if not isinstance(text, str) or not text.strip():
+            return f"{profile}: {text!r} is not an attention setting such as \"sage\""
+        try:
+            attention_override(text)
+        except ValueError as exc:
+            return f"{profile}: {str(exc).removeprefix(ATTENTION_ENV + ': ')}"
+    return ""
 
 
 def _reference_words_error(folder: Path, value, reference_encoder: str) -> str:
