@@ -199,7 +199,7 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
     for name in ("init_image", "mask", "first_frame", "from_file"):
         value = getattr(args, name)
         if value is not None and not value.strip():  # '' would silently change the mode
-            flag = "--from" if name == "from_file" else FLAGS.get(name, "--mask")
+            flag = {"from_file": "--from", "mask": "--mask"}.get(name) or FLAGS[name]
             raise BadInput(f"{name.removesuffix('_file')} ({flag})='': give an image file")
     for i, value in enumerate(args.reference):
         if not value.strip():
@@ -377,7 +377,6 @@ def build_request(args, registry) -> tuple[Any, dict[str, Any], list[str]]:
             lines = [line.replace(f"in image mode {mode}", f"in image mode {mode} (an image, "
                                   f"from the {mode_from_suffix} suffix of --out; use .mp4 "
                                   f"for a video)", 1) for line in lines]
-
         raise BadInput("\nerror: ".join(lines))
     return request, pixels, notes
 
