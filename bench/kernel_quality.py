@@ -120,7 +120,7 @@ def merge_results(results: list[dict]) -> dict:
     for key in ("training_step", "torch_threads"):
         if len({r.get(key) for r in results}) != 1:
             raise ValueError(f"merge: the runs differ in {key}")
-    order = ("background", "count", "colour", "shape", "size", "position", "motion")
+    from bench.model import ATTRS as order  # the report's attribute order
     modes: dict[str, dict[str, dict]] = {}
     for r in results:
         for mode, rows in r["modes"].items():
@@ -276,7 +276,7 @@ def main(argv: list[str]) -> int:
             os.environ.pop(ATTENTION_ENV, None)
         else:
             os.environ[ATTENTION_ENV] = saved
-    order = ("background", "count", "colour", "shape", "size", "position", "motion")
+    from bench.model import ATTRS as order  # the report's attribute order
     result = run_header("kernel-quality", argv, entry, args.threads)
     result |= {"attributes": [a for a in order if a in attributes], "modes": results,
                "all_within_bar": all(r.get("within_bar", True)
