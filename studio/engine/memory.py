@@ -8,7 +8,12 @@ decode again with tiling) under PyTorch's ``FakeTensorMode`` at the job's resolu
 count: no compute, no memory, a fraction of a second, yet every intermediate tensor diffusers
 creates is seen, so the peak of live activation bytes is that of the real run (the trace
 tracks each storage's lifetime through weak references). Any family works unchanged, since the
-trace runs the family's own code.
+trace runs the family's own code. After an offloaded job, a new size's trace runs through the
+offload hooks: their moves of the weights are not counted (the plans count weights by
+themselves), and the weights are put back as they were (:func:`weights_kept`); a move under
+``FakeTensorMode`` would otherwise leave fake tensors in the model. diffusers' group offload
+assigns ``param.data`` in place, which a fake tensor cannot take: that trace fails, and the
+stage's activations are guessed from its input size (the job's notes say so).
 
 Plans, fastest first (diffusers' own offloading is applied, see :func:`apply_plan`):
 
@@ -32,7 +37,8 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -64,13 +70,26 @@ class LiveBytes(TorchDispatchMode):
 
     Counts each storage once (views share it), from the op that created it until the last
     Python tensor on it is collected. Works on real and on fake tensors alike.
+
+    Weights are not activations: tensors on the storage of one of ``weights`` (the modules'
+    parameters and buffers: their views, such as a linear layer's transposed weight) are
+    not counted. In a fake-tensor trace (``fake_trace``, as :func:`trace_peak` runs it), a
+    copy of a weight to another device at the same dtype (an offload hook's move, onto the
+    device or back), or of such a copy, is not counted either; a weight there is also any
+    real (not fake) tensor: in a trace every activation is fake, so the real tensors an op
+    meets are weights, e.g. an offload hook's CPU copies of them (accelerate's
+    ``weights_map``). The memory plans count weights by themselves
+    (:meth:`MemoryEstimate.peak`).
     """
 
-    def __init__(self):
+    def __init__(self, weights: Iterable[torch.Tensor] = (), fake_trace: bool = False):
         super().__init__()
         self.live = 0
         self.peak = 0
         self._storages: dict[int, list[int]] = {}
+        self._trace = fake_trace
+        self._weights = {w.untyped_storage()._cdata for w in weights}
+        self._moved: list[torch.Tensor] = []
 
     def _release(self, key: int) -> None:
         entry = self._storages.get(key)
@@ -81,13 +100,27 @@ class LiveBytes(TorchDispatchMode):
             self.live -= entry[0]
             del self._storages[key]
 
+    def _is_weight(self, t) -> bool:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        return isinstance(t, torch.Tensor) and (not isinstance(t, FakeTensor)
+                                                or t.untyped_storage()._cdata in self._weights)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if self._trace and func is torch.ops.aten._to_copy.default and args \
+                and self._is_weight(args[0]) \
+                and isinstance(out, torch.Tensor) and out.dtype == args[0].dtype:
+            self._weights.add(out.untyped_storage()._cdata)  # a weight moved, not computed
+            self._moved.append(out)  # held: a freed storage's key could name a new one
+            return out
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor):
                 continue
             storage = t.untyped_storage()
             key = storage._cdata
+            if key in self._weights:  # a view or alias of a weight (or of its move)
+                continue
             entry = self._storages.get(key)
             if entry is None:
                 self._storages[key] = [storage.nbytes(), 1]
@@ -99,11 +132,16 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
-def trace_peak(fn: Callable, *inputs: torch.Tensor, **kw_inputs) -> int:
+def trace_peak(fn: Callable, *inputs: torch.Tensor, modules: Iterable[torch.nn.Module] = (),
+               **kw_inputs) -> int:
     """Peak live activation bytes of ``fn(*inputs, **kw_inputs)`` without computing it.
 
     Tensor inputs are replaced by fake tensors of the same shape, dtype and device; module
-    weights stay as they are (not counted). Non-tensor arguments pass through.
+    weights stay as they are (not counted, nor their moves by offload hooks: see
+    :class:`LiveBytes`). Non-tensor arguments pass through. The weights of ``modules`` (and
+    their submodules) are put back as they were afterwards (:func:`weights_kept`): an
+    offload hook that runs inside the trace moves them, and a move under ``FakeTensorMode``
+    would leave fake tensors in the model.
 
     Raises:
         RuntimeError: the function cannot run on fake tensors (e.g. it reads a tensor's
@@ -118,14 +156,47 @@ def trace_peak(fn: Callable, *inputs: torch.Tensor, **kw_inputs) -> int:
 
     args = [fake(x) for x in inputs]
     kwargs = {k: fake(v) for k, v in kw_inputs.items()}
-    tracker = LiveBytes()
     try:
-        with torch.no_grad(), mode, tracker:
-            fn(*args, **kwargs)
+        with weights_kept(modules) as weights, torch.no_grad():
+            # the fake stand-ins the mode will use for the weights (it keeps one per real
+            # tensor and storage): their views, e.g. a linear layer's transposed weight, are
+            # weights too
+            stand_ins = [mode.from_tensor(w) for w in weights]  # held: the mode's memo is weak
+            with mode, LiveBytes([*weights, *stand_ins], fake_trace=True) as tracker:
+                fn(*args, **kwargs)
     except Exception as exc:  # data-dependent ops and the like: report, do not crash
         raise RuntimeError(f"cannot trace on fake tensors: {type(exc).__name__}: "
                            f"{str(exc)[:200]}") from exc
     return tracker.peak
+
+
+@contextmanager
+def weights_kept(modules: Iterable[torch.nn.Module]) -> Iterator[list[torch.Tensor]]:
+    """Puts every parameter and buffer of ``modules`` and their submodules back on exit, the
+    same tensor objects holding the same data, whatever ran inside (an offload hook's
+    ``param.data = param.data.to(device)``, or accelerate's replacing of parameters); yields
+    the parameters and buffers it saved.
+
+    Why: an offload hook that runs inside a ``FakeTensorMode`` trace moves the weights there,
+    which leaves fake tensors in the model, and the next real run fails (or the weights
+    stay on the device the plan moved them off)."""
+    saved = []
+    seen: set[int] = set()
+    for module in modules:
+        for sub in module.modules():
+            if id(sub) in seen:
+                continue
+            seen.add(id(sub))
+            for store in (sub._parameters, sub._buffers):
+                for name, tensor in store.items():
+                    if tensor is not None:
+                        saved.append((store, name, tensor, tensor.data))
+    try:
+        yield [tensor for _store, _name, tensor, _data in saved]
+    finally:
+        for store, name, tensor, data in saved:
+            store[name] = tensor
+            tensor.data = data
 
 
 def module_bytes(module: torch.nn.Module | None) -> int:

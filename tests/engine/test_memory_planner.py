@@ -77,13 +77,19 @@ def test_fake_trace_equals_the_live_bytes_of_a_real_run():
                            temperal_downsample=[True]).eval()
     x, t, e = torch.randn(1, 8, 3, 24, 20), torch.tensor([500.0]), torch.randn(1, 11, 32)
     z = torch.randn(1, 8, 3, 12, 10)
-    for fn, args in ((lambda x, t, e: tr(x, t, e, return_dict=False), (x, t, e)),
-                     (lambda z: vae.decode(z, return_dict=False), (z,))):
+    for fn, args, module in ((lambda x, t, e: tr(x, t, e, return_dict=False), (x, t, e), tr),
+                             (lambda z: vae.decode(z, return_dict=False), (z,), vae)):
         estimated = trace_peak(fn, *args)
         real = LiveBytes()
         with torch.no_grad(), real:
             fn(*args)
         assert estimated == real.peak > 0
+        # told the weights, both leave out their views (a linear layer's transposed weight)
+        weights = [*module.parameters(), *module.buffers()]
+        activations_only = LiveBytes(weights)
+        with torch.no_grad(), activations_only:
+            fn(*args)
+        assert trace_peak(fn, *args, modules=[module]) == activations_only.peak > 0
 
 
 def request_for(folder, **fields):
@@ -104,7 +110,9 @@ def test_estimate_matches_the_measured_peak_of_a_real_job(tiny_models, model, fi
     est = runner.memory_estimate(request)
     runner.run(request, {}, lambda *a: None)  # warm: text embeddings cached
     runner.embeddings.clear()
-    measured = LiveBytes()
+    measured = LiveBytes([t for m in runner.base.components.values()
+                          if isinstance(m, torch.nn.Module) for t in [*m.parameters(),
+                                                                      *m.buffers()]])
     with torch.inference_mode(), measured:
         runner.run(request, {}, lambda *a: None)
     predicted = est.peak("none", False) - sum(est.weights.values())
@@ -305,3 +313,91 @@ def test_an_unfinished_stage_clock_leaves_no_hook_behind():
     assert clock.first_forward is not None
     assert set(clock.finish()) == {"prepare", "denoise", "decode"}
     assert len(denoiser._forward_pre_hooks) == 0
+
+
+class MovingOffload(torch.nn.Module):
+    """Two linear layers with a forward pre-hook that moves them and the inputs onto
+    ``onload``, as accelerate's hook for diffusers' model CPU offload does
+    (``module.to(device)``; the module goes back to the CPU when the next model's hook
+    runs)."""
+
+    def __init__(self, onload: torch.device):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                          torch.nn.Linear(256, 64))
+        self.moves = 0
+
+        def move_on(module, args):
+            self.moves += 1
+            self.layers.to(onload)
+            return tuple(a.to(onload) for a in args)
+
+        self.register_forward_pre_hook(move_on)
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def test_a_trace_through_offload_hooks_keeps_the_weights_and_counts_only_activations():
+    """An offload hook runs inside the estimate's trace: its moves of the weights are not
+    activations, and the weights are put back real afterwards. Before, a move under
+    FakeTensorMode left fake tensors in the model: after an offloaded job, the estimate for
+    a new size broke the model for every later job (and counted the weights moved onto the
+    device as activations). The meta device stands in for a GPU."""
+    meta = torch.device("meta")
+    hooked = MovingOffload(meta).eval()
+    before = {n: p.detach().clone() for n, p in hooked.named_parameters()}
+    x = torch.randn(8, 64)
+    peak = trace_peak(hooked, x, modules=[hooked])
+    assert hooked.moves == 1, "the hook ran inside the trace"
+    plain = MovingOffload(meta).eval()
+    plain._forward_pre_hooks.clear()
+    plain.to(meta)
+    # the same peak as the model already on the device, plus the hook's copy of the input
+    assert peak == trace_peak(plain, x.to(meta), modules=[plain]) + x.nbytes > x.nbytes
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for name, p in hooked.named_parameters():
+        assert not isinstance(p.data, FakeTensor) and p.device.type == "cpu", name
+        torch.testing.assert_close(p.detach(), before[name], rtol=0, atol=0)
+    with torch.no_grad():
+        hooked._forward_pre_hooks.clear()  # the hooks' meta device cannot compute
+        assert torch.isfinite(hooked(x)).all()
+
+
+def test_the_estimate_after_a_sequential_offload_leaves_the_model_whole():
+    """diffusers' sequential CPU offload (accelerate's hooks) on the embedded model, the meta
+    device standing in for a GPU: the estimate for a new size is traced through the hooks,
+    and afterwards no weight is a fake tensor and the denoiser's activations are those of
+    the model all on the device (the hooks' copies of the weights not counted)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from studio.engine.memory import MemoryPlan
+    from studio.engine.models.registry import EMBEDDED_ID
+
+    entry = ModelRegistry(include_hf_cache=False).resolve(EMBEDDED_ID)
+    meta, cpu = torch.device("meta"), torch.device("cpu")
+
+    def request(width):
+        return GenerationRequest(model=entry.model_id, prompt="a red circle", mode="t2v",
+                                 width=width, height=width, steps=2, seed=1,
+                                 guidance_scale=4.0, num_frames=9)
+
+    def tensors(runner):
+        return [t for m in runner.base.components.values() if isinstance(m, torch.nn.Module)
+                for t in [*m.parameters(), *m.buffers()]]
+
+    whole = runner_class(entry.family)(entry, meta, torch.float32, cpu)
+    whole.apply_memory_plan(MemoryPlan("none", False, 1, 2))
+    offloaded = runner_class(entry.family)(entry, meta, torch.float32, cpu)
+    offloaded.memory_estimate(request(64))  # the first plan's estimate: no hooks yet
+    offloaded.apply_memory_plan(MemoryPlan("sequential", False, 1, 2))
+    devices = [t.device for t in tensors(offloaded)]
+    est = offloaded.memory_estimate(request(96))  # a new size: traced through the hooks
+    assert not any(isinstance(t, FakeTensor) for t in tensors(offloaded))
+    assert [t.device for t in tensors(offloaded)] == devices
+    want = whole.memory_estimate(request(96)).activations["denoise"]
+    # within 5 %: the hooks also copy the rotary tables from "meta" to "meta:0" (an artefact
+    # of the stand-in device; on a GPU "cuda:0" is "cuda")
+    assert want <= est.activations["denoise"] <= 1.05 * want, (est.activations, want)

@@ -434,6 +434,9 @@ class FamilyRunner:
         if key in cache:
             return cache[key]
         stages = self.stage_inputs(request)
+        # every module an offload hook may move during a trace (the hooks chain the models)
+        everything = [m for m in self.base.components.values()
+                      if isinstance(m, torch.nn.Module)] + self.extra_modules()
         weights, blocks, layers, acts, notes = {}, {}, {}, {}, []
         decode_tiled = 0
         for stage, (modules, call, args) in stages.items():
@@ -441,7 +444,7 @@ class FamilyRunner:
             blocks[stage] = max((mem.largest_block_bytes(m) for m in modules), default=0)
             layers[stage] = max((mem.largest_layer_bytes(m) for m in modules), default=0)
             try:
-                acts[stage] = mem.trace_peak(call, *args)
+                acts[stage] = mem.trace_peak(call, *args, modules=everything)
             except RuntimeError as exc:
                 acts[stage] = 4 * sum(a.numel() * a.element_size() for a in args
                                       if isinstance(a, torch.Tensor))
@@ -452,7 +455,7 @@ class FamilyRunner:
                     was = bool(getattr(vae, "use_tiling", False))
                     vae.enable_tiling()
                     try:
-                        decode_tiled = mem.trace_peak(call, *args)
+                        decode_tiled = mem.trace_peak(call, *args, modules=everything)
                     except RuntimeError:
                         decode_tiled = acts[stage]
                     finally:
