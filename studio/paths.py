@@ -95,6 +95,8 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None], *,
         The destination as a Path.
     Raises:
         FileExistsError: ``replace`` is False and ``path`` exists (nothing is written).
+        OSError: as the writing raised it (disk full, quota, read-only disk), naming
+            ``path`` instead of the temporary file, which the user never asked for.
     """
     dest = Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -124,11 +126,13 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None], *,
                 os.replace(tmp, dest)
             else:
                 os.unlink(tmp)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError) and exc.filename == tmp and exc.errno is not None:
+            raise type(exc)(exc.errno, exc.strerror, str(dest)) from exc
         raise
     fsync_dir(dest.parent)
     return dest

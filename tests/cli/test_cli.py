@@ -324,6 +324,25 @@ def test_a_full_disk_is_named_as_such(tmp_path, capsys, monkeypatch):
                            f"(nothing was left half written)")
 
 
+def test_a_full_disk_names_the_out_file_not_the_temporary_one(tmp_path, capsys, monkeypatch):
+    """The encoder fails on the temporary file the write goes through: the error names
+    --out, as the user wrote it, and leaves no temporary file behind."""
+    import errno as errno_module
+
+    from PIL import Image
+
+    def full(self, fp, *a, **k):
+        raise OSError(errno_module.ENOSPC, "No space left on device", str(fp))
+
+    monkeypatch.setattr(Image.Image, "save", full)
+    out = tmp_path / "o.png"
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--steps", "1", "--out",
+                                 out)
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        f"error: cannot write {out}: No space left on device (nothing was left half written)")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_options_the_mode_does_not_use_are_refused(tmp_path, capsys):
     for extra, message in ((("--strength", "0.5"), "strength: only used in mode i2i"),
                            (("--fps", "30"), "fps: only used for videos")):
