@@ -1,8 +1,9 @@
 """Starting the studio: the Qt application, the asyncio loop (qasync) and the project.
 
 ``python -m studio [PROJECT_FOLDER]`` opens the folder's project (creating it when the folder
-holds none); without a folder it reopens the last project, or creates
-``~/DiffusionStudio/Untitled``. Qt and asyncio share one loop: ``asyncio.Runner`` with
+is new or empty; see :func:`project_folder_problem`); without a folder it reopens the last
+project, or creates ``~/DiffusionStudio/Untitled``. When "Open project" chose a project that
+cannot open, the studio reopens the one before. Qt and asyncio share one loop: ``asyncio.Runner`` with
 ``qasync.QEventLoop`` as its loop factory (Python 3.11 has no ``loop_factory`` in
 ``asyncio.run``).
 """
@@ -20,21 +21,44 @@ from studio.paths import expand_path
 DEFAULT_PROJECT = Path.home() / "DiffusionStudio" / "Untitled"
 
 
-def open_project(folder: Path):
-    """Opens the project in ``folder``, creating one when the folder holds none.
-
-    Raises:
-        ProjectError: locked by another studio, written by a newer one, or ``folder`` (or a
-            folder above it) is a file.
-        OSError: the folder cannot be created or read.
-    """
-    from studio.store.project import DB_NAME, Project, ProjectError
+def project_folder_problem(folder: Path) -> str | None:
+    """Why ``folder`` can neither be opened as a project nor hold a new one, or None: a file
+    (or a file above it) in its place, or a folder with other files in it but no project.
+    A new project needs a new or empty folder (hidden files such as ``.DS_Store`` and a
+    project lock file aside):
+    made among other files, its ``media/`` folder would mix with them, and a project folder
+    that lost its database would get a fresh, empty one beside its media."""
+    from studio.store.project import DB_NAME, LOCK_NAME
 
     blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()),
                    None)
     if blocker is not None:
-        raise ProjectError(f"{blocker} is a file, not a folder; a project is a folder "
-                           f"(give a new or existing folder)")
+        return (f"{blocker} is a file, not a folder; a project is a folder (give a new or "
+                f"existing folder)")
+    if folder.is_dir() and not (folder / DB_NAME).exists():
+        others = sorted(p.name for p in folder.iterdir()
+                        if not p.name.startswith(".") and p.name != LOCK_NAME)
+        if others:
+            shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more"
+                                             if len(others) > 3 else "")
+            return (f"{folder} holds other files ({shown}) but no project ({DB_NAME}); a new "
+                    f"project needs a new or empty folder")
+    return None
+
+
+def open_project(folder: Path):
+    """Opens the project in ``folder``, creating one when the folder is new or empty.
+
+    Raises:
+        ProjectError: :func:`project_folder_problem`, or the project is locked by another
+            studio or written by a newer one.
+        OSError: the folder cannot be created or read.
+    """
+    from studio.store.project import DB_NAME, Project, ProjectError
+
+    problem = project_folder_problem(folder)
+    if problem is not None:
+        raise ProjectError(problem)
     if (folder / DB_NAME).exists():
         return Project.open(folder)
     return Project.create(folder)
@@ -94,15 +118,21 @@ async def _run_projects(settings, folder: Path, engine_factory) -> int:
     from studio.ui.main_window import MainWindow
 
     next_folder: Path | None = folder
+    previous: Path | None = None  # the project open before "Open project" chose another
     while next_folder is not None:
         try:
             project = open_project(next_folder)
         except (ProjectError, OSError) as exc:
             message = f"Cannot open the project in {next_folder}:\n{exc}"
+            if previous is not None:
+                message += f"\n\nReopening {previous}."
             logging.getLogger(__name__).error("%s", message)
             one_line = message.replace("\n", " ")
             print(f"error: {one_line}", file=sys.stderr)
             if not _has_screen():  # offscreen / minimal: nobody could close the box
+                if previous is not None:  # a switch that failed: back to where the user was
+                    next_folder, previous = previous, None
+                    continue
                 return 2  # a folder the user gave or chose: bad input, not an internal error
             # window-modal but not a nested event loop: a SIGTERM or Ctrl+C meanwhile
             # cancels this await and closes the box (a blocking exec() under qasync left a
@@ -116,6 +146,9 @@ async def _run_projects(settings, folder: Path, engine_factory) -> int:
             finally:
                 box.close()
                 box.deleteLater()
+            if previous is not None:
+                next_folder, previous = previous, None
+                continue
             return 2
         settings.last_project = str(next_folder)
         window = MainWindow(project, settings, engine_factory=engine_factory)
@@ -130,7 +163,7 @@ async def _run_projects(settings, folder: Path, engine_factory) -> int:
             await window.start()
             await closed
         finally:
-            next_folder = window.next_project
+            previous, next_folder = project.folder, window.next_project
             if window.isVisible():  # cancelled (Ctrl+C): still save the layout
                 window.close()
             await window.shutdown()

@@ -753,5 +753,25 @@ class MainWindow(QMainWindow):
         folder = QFileDialog.getExistingDirectory(self, "Open or create a project",
                                                   str(self.project.folder.parent))
         if folder:
-            self.next_project = Path(folder)
-            self.close()
+            self.switch_project(Path(folder))
+
+    def switch_project(self, folder: Path) -> bool:
+        """Closes this project's window so that the studio opens ``folder``'s project next
+        (a new one when ``folder`` is new or empty). A folder that cannot be a project (a
+        file, or other files without a project: see
+        :func:`studio.ui.app.project_folder_problem`) is said in the status bar and this
+        project stays open; so does choosing this project's own folder. Returns whether the
+        window closes."""
+        from studio.ui.app import project_folder_problem
+
+        folder = folder.expanduser().absolute()
+        if folder == self.project.folder.absolute():
+            self.notify(f"{folder} is the project open now")
+            return False
+        problem = project_folder_problem(folder)
+        if problem is not None:
+            self.notify(f"Cannot open that project: {problem}", error=True)
+            return False
+        self.next_project = folder
+        self.close()
+        return True

@@ -177,6 +177,87 @@ def test_opening_a_file_as_a_project_says_so(tmp_path):
     assert open_project(tmp_path / "new").folder == tmp_path / "new"
 
 
+def test_a_new_project_needs_a_new_or_empty_folder(tmp_path):
+    """A folder with other files but no project is refused with what is in it: the project's
+    media would mix with them, and a project folder whose database was lost would get a
+    fresh, empty one. Hidden files do not count; an existing project opens."""
+    from studio.store.project import DB_NAME, ProjectError
+    from studio.ui.app import open_project, project_folder_problem
+
+    documents = tmp_path / "Documents"
+    documents.mkdir()
+    for name in ("a.txt", "b.txt", "c.txt", "d.txt"):
+        (documents / name).write_text("mine")
+    with pytest.raises(ProjectError, match=r"Documents holds other files \(a.txt, b.txt, "
+                                           r"c.txt and 1 more\) but no project"):
+        open_project(documents)
+    assert sorted(p.name for p in documents.iterdir()) == ["a.txt", "b.txt", "c.txt", "d.txt"]
+    lost = tmp_path / "lost"
+    with open_project(lost) as project:
+        project.close()
+    (lost / DB_NAME).unlink()  # a project folder that lost its database: its media stay
+    (lost / "media").mkdir(exist_ok=True)
+    assert "holds other files (media) but no project" in project_folder_problem(lost)
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / ".DS_Store").write_bytes(b"")
+    with open_project(hidden) as project:
+        assert project.folder == hidden
+    with open_project(hidden) as project:  # now a project: opens
+        assert (hidden / DB_NAME).exists()
+
+
+def test_open_project_refuses_a_folder_that_cannot_be_one_and_stays(tmp_path, make_window):
+    """Open project with a folder that cannot hold a project keeps this project's window open
+    and says why in the status bar (before, the window closed and the studio exited); this
+    project's own folder is said to be open already; an empty folder switches."""
+    window = make_window(Project.create(tmp_path / "here"))
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "notes.txt").write_text("x")
+    assert not window.switch_project(full)
+    assert window.isVisible() and window.next_project is None
+    assert "holds other files (notes.txt) but no project" in \
+        window.statusBar().currentMessage()
+    assert not window.switch_project(tmp_path / "here")
+    assert "is the project open now" in window.statusBar().currentMessage()
+    (tmp_path / "empty").mkdir()
+    assert window.switch_project(tmp_path / "empty")
+    assert window.next_project == tmp_path / "empty" and not window.isVisible()
+
+
+def test_a_project_switch_that_fails_reopens_the_project_before(tmp_path, loop, settings,
+                                                                 executor, capsys):
+    """The chosen project cannot open (another studio holds it): the error is said, and the
+    studio reopens the project the user was in instead of exiting."""
+    first, other = tmp_path / "first", tmp_path / "other"
+    Project.create(other).close()
+    holder = Project.open(other)  # another studio has it open
+
+    def visible():
+        return next((w for w in QApplication.topLevelWidgets()
+                     if isinstance(w, MainWindow) and w.isVisible()), None)
+
+    async def session() -> int:
+        task = loop.create_task(run_studio(
+            settings, first, engine_factory=lambda: Engine(ThreadWorker(executor=executor))))
+        window = await until(visible, 30, "the window")
+        assert window.switch_project(other)
+        again = await until(lambda: (w := visible()) is not None and w is not window and w,
+                            30, "the first project again")
+        assert again.project.folder == first
+        again.close()
+        return await task
+
+    try:
+        assert run(loop, session()) == 0
+    finally:
+        holder.close()
+    err = capsys.readouterr().err
+    assert f"Cannot open the project in {other}" in err and f"Reopening {first}" in err
+    assert settings.last_project == str(first)
+
+
 def test_sigterm_stops_the_studio_in_order(tmp_path):
     """``kill`` (SIGTERM: a logout, a shutdown) runs Ctrl+C's orderly stop: the engine child
     stopped, the project closed and unlocked, no leaked semaphores; exit 143 (128 + 15)."""
