@@ -670,3 +670,26 @@ def test_the_rank_group_listens_on_loopback_only(ranks):
     sockets = ranks.run(_listening)
     assert sockets[0], "rank 0 holds the rendezvous store's listening socket"
     assert all(address in LOOPBACK for per_rank in sockets for address in per_rank), sockets
+
+
+@pytest.mark.parametrize("model", ["flux", "flux2"])
+def test_cfg_parallel_is_refused_for_guidance_distilled_families(tiny_models, tmp_path, model):
+    """FLUX.1 and FLUX.2 run one branch per step (their guidance scale is an input of it):
+    a CFG pair would leave its second GPU idle for the whole job, so the plan is refused at
+    load with the way out; a sequence plan is not refused for it."""
+    from studio.engine.executor import runner_class
+    from studio.engine.models.registry import ModelRegistry
+    from studio.engine.parallel.worker import apply_parallel_plan
+
+    if model == "flux2":
+        from studio.testing.tiny_pipelines import build_tiny_flux2
+
+        folder = build_tiny_flux2(tmp_path / "flux2")
+    else:
+        folder = tiny_models["flux"]
+    entry = ModelRegistry(include_hf_cache=False).resolve(str(folder))
+    runner = runner_class(entry.family)(entry, torch.device("cpu"), torch.float32)
+    with pytest.raises(ParallelConfigError, match="guidance-distilled .* choose a ulysses or "
+                                                  "ring"):
+        apply_parallel_plan(runner, ParallelConfig(cfg_degree=2))
+    assert runner_class("wan").classifier_free_guidance

@@ -53,10 +53,19 @@ def apply_parallel_plan(runner, parallel: ParallelConfig, mesh=None) -> None:
         parallel: the degrees.
         mesh: the group's :class:`~studio.engine.parallel.mesh.ParallelMesh` (default: the
             whole world as one CFG pair or one sequence group).
+    Raises:
+        ParallelConfigError: the plan splits the guidance branches (cfg_degree 2) of a
+            guidance-distilled family, which runs one branch per step (the second rank of
+            each pair would idle), or the denoiser does not take the plan.
     """
     from studio.engine.parallel.cfg import apply_cfg_parallel
     from studio.engine.parallel.sequence import apply_sequence_parallel
 
+    if parallel.cfg_degree == 2 and not getattr(runner, "classifier_free_guidance", True):
+        raise ParallelConfigError(
+            f"cfg parallel: {runner.entry.family} is guidance-distilled and runs one guidance "
+            f"branch per step, so the second GPU of each pair would idle; choose a ulysses or "
+            f"ring (sequence) plan in Settings")
     for module in runner.denoisers():
         if parallel.sequence_degree > 1:
             apply_sequence_parallel(module, parallel, mesh)

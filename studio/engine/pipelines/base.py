@@ -238,7 +238,15 @@ class FamilyRunner:
             (:meth:`apply_memory_plan`) then moves them there whole or sets up diffusers'
             offload from the CPU, instead of the load running out of device memory before
             any plan is made.
+
+    Attributes:
+        classifier_free_guidance: whether the family's jobs run the two guidance branches
+            (conditional and unconditional) at a guidance scale above 1. False for
+            guidance-distilled families whose guidance scale is an input of the one branch
+            (FLUX.1, FLUX.2): CFG parallelism has nothing to split there.
     """
+
+    classifier_free_guidance = True
 
     def __init__(self, entry: ModelEntry, device: torch.device, dtype: torch.dtype,
                  load_device: torch.device | None = None):

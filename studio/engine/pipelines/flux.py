@@ -28,6 +28,8 @@ from studio.engine.pipelines.base import (
 class FluxRunner(FamilyRunner):
     """Runs FLUX.1 requests on one loaded model."""
 
+    classifier_free_guidance = False  # guidance-distilled; true CFG is not used
+
     def __init__(self, entry, device, dtype, load_device=None):
         super().__init__(entry, device, dtype, load_device)
         from diffusers import FluxImg2ImgPipeline, FluxPipeline

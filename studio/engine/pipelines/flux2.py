@@ -26,6 +26,8 @@ from studio.engine.preview import LatentPreview
 class Flux2Runner(FamilyRunner):
     """Runs FLUX.2 text-to-image requests on one loaded model."""
 
+    classifier_free_guidance = False  # guidance-distilled
+
     def __init__(self, entry, device, dtype, load_device=None):
         super().__init__(entry, device, dtype, load_device)
         import diffusers
