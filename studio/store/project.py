@@ -28,7 +28,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,6 +159,40 @@ MIGRATIONS: tuple[Migration, ...] = (
 )
 
 
+def _refuse_a_lost_database(db_path: Path, media_dir: Path) -> None:
+    """An empty (0-byte) database file beside stored media: the project's database was
+    lost (truncated by a crash, a full disk or a copy gone wrong). SQLite would take the
+    empty file for a new database, and the project would open empty, its media orphaned.
+
+    Raises:
+        ProjectError: naming the file and the media it would orphan.
+    """
+    try:
+        if db_path.stat().st_size != 0:
+            return
+    except FileNotFoundError:
+        return
+    stored = sum(1 for p in media_dir.rglob("*") if p.is_file()) if media_dir.is_dir() else 0
+    if stored:
+        raise ProjectError(f"folder: {db_path} is empty (0 bytes) while {media_dir} holds "
+                           f"{stored} stored file(s): the project's database was lost; "
+                           f"restore it from a backup (or move the folder's media away to "
+                           f"start a new project there)")
+
+
+def _rollback(conn: sqlite3.Connection, *statements: str) -> None:
+    """Runs the rollback ``statements`` of a failed transaction, when one is still open:
+    SQLite ends the transaction itself on some errors (SQLITE_FULL, SQLITE_IOERR), and a
+    failing rollback must not hide the error that caused it (it is logged)."""
+    if not conn.in_transaction:
+        return
+    try:
+        for statement in statements:
+            conn.execute(statement)
+    except sqlite3.Error:
+        log.warning("%s failed after an error", statements[0], exc_info=True)
+
+
 class Project:
     """An open project folder; its :attr:`document` is saved on every change.
 
@@ -182,6 +216,10 @@ class Project:
         # what the user sees instead of silently missing an edit
         self._unsaved: list[ChangeEvent] = []
         self._unsaved_written = False
+        # told when saving the document's changes fails (the error, the changes pending) and
+        # when they are saved after a failure (None, 0); without it the error is raised
+        self.on_save_state: Callable[[BaseException | None, int], None] | None = None
+        self._save_failing = False
         self.media = MediaStore(folder / MEDIA_DIR, conn, self.transaction)
         self.recovered: list[str] = []
         self.document = Document()
@@ -231,6 +269,7 @@ class Project:
         lock = _lock(folder / LOCK_NAME)
         conn = None
         try:
+            _refuse_a_lost_database(db_path, folder / MEDIA_DIR)
             conn = sqlite3.connect(db_path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode.lower() != "wal":
@@ -242,7 +281,7 @@ class Project:
             project._migrate()
             project._recover()
             project.document = project._load()
-            project._unsubscribe = project.document.subscribe(project._apply)
+            project._unsubscribe = project.document.subscribe(project._save_changes)
         except sqlite3.DatabaseError as exc:  # not a database, or a damaged one
             if conn is not None:
                 conn.close()
@@ -296,7 +335,9 @@ class Project:
         """``with project.transaction() as conn:`` all or nothing; nests with savepoints.
 
         The outermost level is ``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on any
-        exception, including a failed commit, e.g. a deferred foreign key).
+        exception, including a failed commit, e.g. a deferred foreign key). The exception
+        raised is the one that stopped the transaction: SQLite rolls back by itself on some
+        errors (a full disk), and the ``ROLLBACK`` that then fails is only logged.
         """
         conn = self.connection
         if self._depth == 0:
@@ -306,8 +347,8 @@ class Project:
                 yield conn
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
-                self._unsaved_written = False
+                self._unsaved_written = False  # first: the pending changes stay pending
+                _rollback(conn, "ROLLBACK")
                 raise
             finally:
                 self._depth = 0
@@ -321,8 +362,7 @@ class Project:
             try:
                 yield conn
             except BaseException:
-                conn.execute(f"ROLLBACK TO {name}")
-                conn.execute(f"RELEASE {name}")
+                _rollback(conn, f"ROLLBACK TO {name}", f"RELEASE {name}")
                 raise
             else:
                 conn.execute(f"RELEASE {name}")
@@ -447,6 +487,30 @@ class Project:
         """
         if self._unsaved:
             self._apply(())
+        if self._save_failing:
+            self._save_failing = False
+            if self.on_save_state is not None:
+                self.on_save_state(None, 0)
+
+    def _save_changes(self, events: Sequence[ChangeEvent]) -> None:
+        """The document's listener: saves ``events`` (see :meth:`_apply`). A failure (disk
+        full, I/O error, a read-only disk) goes to :attr:`on_save_state` when set, with the
+        number of changes kept pending, and is raised otherwise; the first good save after
+        a failure is told too."""
+        try:
+            self._apply(events)
+        except (sqlite3.Error, OSError) as exc:
+            self._save_failing = True
+            if self.on_save_state is None:
+                raise
+            log.error("project %s: saving %d change(s) failed: %s", self.folder,
+                      len(self._unsaved), exc)
+            self.on_save_state(exc, len(self._unsaved))
+            return
+        if self._save_failing and not self._unsaved:
+            self._save_failing = False
+            if self.on_save_state is not None:
+                self.on_save_state(None, 0)
 
     def _apply(self, events: Sequence[ChangeEvent]) -> None:
         """Saves the changes ``events`` name, after any a failed save left pending (each

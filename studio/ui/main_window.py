@@ -81,6 +81,7 @@ log = logging.getLogger(__name__)
 
 #: the draft is saved in the project this long after the last edit (and at close)
 DRAFT_SAVE_DELAY_MS = 500
+SAVE_RETRY_MS = 5000  # a failed save of the project is tried again this often
 
 INPUT_FIELDS = {"init_image": "init image", "first_frame": "first frame",
                 "references": "reference"}
@@ -166,6 +167,11 @@ class MainWindow(QMainWindow):
         self.params.set_models(self.registry.list(), self.registry.content_hash)
         self._draft_timer = QTimer(self, singleShot=True, interval=DRAFT_SAVE_DELAY_MS)
         self._draft_timer.timeout.connect(self.save_draft)
+        # a failed save of the project's changes (disk full): said, and tried again every
+        # few seconds (and with every change) until they are in the file
+        self._save_retry = QTimer(self, interval=SAVE_RETRY_MS)
+        self._save_retry.timeout.connect(self._retry_save)
+        project.on_save_state = self._on_save_state
         # a draft restored in part (its model missing here) is not saved over the whole one
         # until the user edits the prompt or generates (the panel also changes by itself:
         # a model's hash arriving)
@@ -252,6 +258,9 @@ class MainWindow(QMainWindow):
             return
         self.save_draft()
         self._shut = True
+        self._save_retry.stop()
+        if self.project.on_save_state == self._on_save_state:
+            self.project.on_save_state = None  # the project tries once more at close
         for task in list(self._tasks):
             task.cancel()
         await self.controller.aclose()
@@ -278,6 +287,26 @@ class MainWindow(QMainWindow):
         self.settings.save_window_state(self.saveGeometry(), self.saveState())
         super().closeEvent(event)
         self.closed.emit()
+
+    # -- saving -----------------------------------------------------------------------------
+    def _on_save_state(self, error: BaseException | None, pending: int) -> None:
+        """The project could not save ``pending`` changes (``error``), or (None) saved them
+        after all: says so, and keeps trying while they are pending."""
+        if error is None:
+            self._save_retry.stop()
+            self.notify("The project is saved again: no change was lost")
+            return
+        self.notify(f"Cannot save to the project ({error}): {pending} change(s) are kept "
+                    f"and saved as soon as the disk takes them (free some space, and keep "
+                    f"the studio open until this says they are saved)", error=True)
+        if not self._save_retry.isActive():
+            self._save_retry.start()
+
+    def _retry_save(self) -> None:
+        try:
+            self.project.save_pending()
+        except (sqlite3.Error, OSError) as exc:
+            log.info("saving the pending changes failed again: %s", exc)
 
     # -- the draft --------------------------------------------------------------------------
     def _on_prompt_typed(self) -> None:

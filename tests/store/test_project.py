@@ -517,6 +517,28 @@ def test_a_damaged_database_is_a_clear_project_error(tmp_path):
     Project.create(folder).close()  # the lock was released
 
 
+def test_an_emptied_database_beside_stored_media_is_refused(tmp_path):
+    """A 0-byte project.sqlite (a crash or a full disk truncated it) is a valid empty
+    database to SQLite: the project opened empty, a new schema was written over the file and
+    its media were orphaned. With stored media it is refused, naming both; without any, it
+    is a project whose creation was cut short, and opens as a new one."""
+    project = Project.create(tmp_path / "p")
+    stored = project.media.put_image(np.zeros((8, 8, 3), np.uint8))
+    project.close()
+    db = tmp_path / "p" / "project.sqlite"
+    db.write_bytes(b"")
+    with pytest.raises(ProjectError, match=r"project.sqlite is empty \(0 bytes\) while .*media "
+                                           r"holds 1 stored file\(s\): the project's "
+                                           r"database was lost"):
+        Project.open(tmp_path / "p")
+    assert db.stat().st_size == 0 and stored
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "project.sqlite").write_bytes(b"")
+    with Project.open(tmp_path / "cut") as fresh:
+        assert len(fresh.document) == 0
+    Project.open(tmp_path / "cut").close()  # the lock was released both times
+
+
 def test_a_staged_result_is_kept_from_collection_until_committed(project: Project) -> None:
     """A result is written on a worker thread and recorded later on the project's thread; a
     collection in between must not take it for an unreferenced medium of the same bytes."""
@@ -591,6 +613,69 @@ def test_a_failed_save_is_retried_and_saved_at_close(project: Project, monkeypat
     project.close()
     with Project.open(folder) as again:
         assert again.document.variant(vid).name == "renamed"
+
+
+class _FullAtCommit:
+    """The project's connection on a disk that fills when the write-ahead log grows at
+    COMMIT: SQLite then ends the transaction by itself (a ROLLBACK after it fails: "cannot
+    rollback - no transaction is active")."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn, self.full = conn, True
+
+    def execute(self, sql: str, *args):
+        if self.full and sql == "COMMIT":
+            self.conn.execute("ROLLBACK")
+            raise sqlite3.OperationalError("database or disk is full")
+        return self.conn.execute(sql, *args)
+
+    def __getattr__(self, name: str):
+        return getattr(self.conn, name)
+
+
+def test_a_full_disk_loses_no_edit_and_says_so(project: Project) -> None:
+    """A full disk at COMMIT: the error is the disk's (not "cannot rollback"), the edit stays
+    pending, and a later good save of something else (the draft) does not count it as
+    saved. Before, the failed ROLLBACK skipped the reset of the "written" mark, and the
+    draft's save emptied the pending edits: reopened, the project had lost them. Told to a
+    listener, the failure is reported instead of raised, and so is the save that catches
+    up."""
+    doc = project.document
+    vid = add(doc, "a")
+    told: list[tuple[str | None, int]] = []
+    project.on_save_state = lambda exc, n: told.append((exc and str(exc), n))
+    real, full = project._conn, _FullAtCommit(project._conn)
+    project._conn = full
+    doc.history.push(RenameVariant(vid, "renamed"))  # told, not raised
+    doc.history.push(StarVariant(vid))
+    assert told == [("database or disk is full", 1), ("database or disk is full", 2)]
+    assert project.unsaved_changes == 2
+    full.full = False
+    project.save_draft({"request": {"prompt": "x"}})  # another transaction that works
+    assert project.unsaved_changes == 2 and project._load().variant(vid).name == "a"
+    project.save_pending()
+    assert told[-1] == (None, 0) and project.unsaved_changes == 0
+    project._conn = real
+    folder = project.folder
+    project.close()
+    with Project.open(folder) as again:
+        v = again.document.variant(vid)
+        assert v.name == "renamed" and v.starred
+
+
+def test_a_database_at_its_size_limit_raises_the_full_disk_error(project: Project) -> None:
+    """SQLite's own SQLITE_FULL (the file cannot grow: a page-count limit stands in for the
+    disk) ends the transaction at the INSERT: the error raised is that one."""
+    doc = project.document
+    pages = project.connection.execute("PRAGMA page_count").fetchone()[0]
+    project.connection.execute(f"PRAGMA max_page_count={pages}")
+    with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
+        for i in range(50):  # until a page is needed
+            add(doc, "x" * 2000 + str(i))
+    assert project.unsaved_changes >= 1
+    project.connection.execute("PRAGMA max_page_count=1073741823")
+    project.save_pending()
+    assert project.unsaved_changes == 0 and state(project._load()) == state(doc)
 
 
 def test_a_crafted_project_cannot_get_files_outside_it_moved_or_deleted(tmp_path: Path) -> None:

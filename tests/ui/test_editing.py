@@ -274,3 +274,35 @@ def test_a_draft_restored_without_its_model_is_not_saved_over(tmp_path, loop, ma
     w.save_draft()
     saved = project.load_draft()
     assert saved["request"]["prompt"] == "a fox in snow" and saved["request"]["steps"] == 12
+
+
+def test_a_full_disk_is_said_and_the_edits_reach_the_file_when_space_returns(
+        tmp_path, loop, make_window):
+    """A rename while the disk is full: the window says the change is kept and not saved
+    (before: an internal-error banner about a rollback, or nothing at all, and the edit was
+    lost at the next draft save), keeps trying, and says when the file has it."""
+    from studio.core.document import RenameVariant, StarVariant
+    from tests.store.test_project import _FullAtCommit
+    from tests.store.test_project import add as add_variant
+
+    project = Project.create(tmp_path / "project")
+    w = make_window(project)
+    doc = project.document
+    vid = add_variant(doc, "a")
+    real, full = project._conn, _FullAtCommit(project._conn)
+    project._conn = full
+    doc.history.push(RenameVariant(vid, "renamed"))
+    doc.history.push(StarVariant(vid))
+    message = w.statusBar().currentMessage()
+    assert "Cannot save to the project (database or disk is full): 2 change(s) are kept" \
+        in message, message
+    assert w._save_retry.isActive()
+    w.save_draft()  # the draft's own save works meanwhile: the edits stay pending
+    assert project.unsaved_changes == 2
+    full.full = False
+    w._retry_save()  # what the timer does every few seconds
+    assert "saved again: no change was lost" in w.statusBar().currentMessage()
+    assert not w._save_retry.isActive() and project.unsaved_changes == 0
+    project._conn = real
+    loaded = project._load().variant(vid)
+    assert loaded.name == "renamed" and loaded.starred
