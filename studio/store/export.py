@@ -60,51 +60,57 @@ def _metadata_blob(request_json: str, environment: dict[str, Any] | None) -> str
     )
 
 
-def check_output_path(out: str | Path, inputs: Sequence[str | Path | None] = ()) -> Path:
+def check_output_path(out: str | Path, inputs: Sequence[str | Path | None] = (),
+                      label: str = "out") -> Path:
     """The output file, checked before any work: not empty, not a folder, not a device, pipe
-    or socket, not a read-only file, not one of the inputs (a link stands for its target,
-    which is what is returned and written), and its folder writable (missing folders are
-    not created here, only when the result is written: a refused request changes nothing on
-    disk). The CLI and the studio's exports word these problems alike.
+    or socket, not a read-only file, not one of the inputs, not one of a project's own files
+    (its database, or anything in its ``media/`` folder: writing there would change another
+    variant's stored result) (a link stands for its target, which is what is returned and
+    written), and its folder writable (missing folders are not created here, only when the
+    result is written: a refused request changes nothing on disk).
 
+    Args:
+        label: how messages name the file: ``"out"`` (the CLI's option, ``out='x.png'``) or
+            words such as ``"export file"`` (the studio's, ``export file x.png``).
     Raises:
-        ValueError: the problem, naming ``out`` as given.
+        ValueError: the problem, naming the file as given.
     """
     import os
 
     if not str(out).strip():
-        raise ValueError("out='': give a file name such as result.png")
+        raise ValueError(f"{_named(label, '')}: give a file name such as result.png")
     path = expand_path(out, "out")
     too_long = [part for part in path.parts if len(os.fsencode(part)) > 255]
     if too_long:
-        raise ValueError(f"out={str(out)[:60]!r}...: a file or folder name is "
+        raise ValueError(f"{_named(label, str(out)[:60] + '...')}: a file or folder name is "
                          f"{len(os.fsencode(too_long[0]))} bytes long; at most 255 are allowed")
     if len(os.fsencode(str(path))) >= 4096:
-        raise ValueError(f"out={str(out)[:60]!r}...: the path is longer than 4095 bytes")
+        raise ValueError(f"{_named(label, str(out)[:60] + '...')}: the path is longer than 4095 bytes")
     if path.is_symlink():  # written through: its target is replaced, the link kept (as cp)
         path = path.resolve()
     if path.is_dir():
-        raise ValueError(f"out={str(out)!r}: is a folder; give a file name such as "
+        raise ValueError(f"{_named(label, str(out))}: is a folder; give a file name such as "
                          f"{path / 'a.png'}")
     if path.exists() and not path.is_file():
-        raise ValueError(f"out={str(out)!r}: exists and is not a regular file (a device, a "
+        raise ValueError(f"{_named(label, str(out))}: exists and is not a regular file (a device, a "
                          f"pipe or a socket); choose a file name")
     if path.exists() and not os.access(path, os.W_OK):
-        raise ValueError(f"out={str(out)!r}: the file exists and is read-only; choose another "
+        raise ValueError(f"{_named(label, str(out))}: the file exists and is read-only; choose another "
                          f"name or make it writable")
     resolved = path.resolve()
+    _refuse_project_files(resolved, _named(label, str(out)))
     for given in inputs:
         try:
             same = bool(given) and expand_path(given, "input").resolve() == resolved
         except ValueError:  # a ~user of no user is not the output; its own check names it
             same = False
         if same:
-            raise ValueError(f"out={str(out)!r}: is also an input file; choose another name")
+            raise ValueError(f"{_named(label, str(out))}: is also an input file; choose another name")
     # the nearest folder that exists must be writable; missing folders below it are made
     # only when the result is written (a refused request leaves nothing behind)
     existing = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
-        raise ValueError(f"out={str(out)!r}: {existing} is a file, not a folder; choose "
+        raise ValueError(f"{_named(label, str(out))}: {existing} is a file, not a folder; choose "
                          f"another place")
     try:
         if existing is None:
@@ -113,24 +119,49 @@ def check_output_path(out: str | Path, inputs: Sequence[str | Path | None] = ())
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        raise ValueError(f"out={str(out)!r}: cannot write in {path.parent} "
+        raise ValueError(f"{_named(label, str(out))}: cannot write in {path.parent} "
                          f"({exc.strerror or exc})") from None
     return path
 
 
-def check_suffix(path: str | Path, num_frames: int) -> str:
+def _refuse_project_files(resolved: Path, named: str) -> None:
+    """Raises ValueError when ``resolved`` is a project's database or lock file or lies in
+    its ``media/`` folder (of any project folder above it)."""
+    from studio.store.project import DB_NAME, LOCK_NAME, MEDIA_DIR
+
+    for folder in resolved.parents:
+        if not (folder / DB_NAME).is_file():
+            continue
+        inside = resolved.relative_to(folder).parts
+        if inside[0] == MEDIA_DIR or (len(inside) == 1 and inside[0] in (
+                DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", f"{DB_NAME}-journal",
+                LOCK_NAME)):
+            raise ValueError(f"{named}: is one of the project's own files in {folder} "
+                             f"(its database or stored media); choose a place outside "
+                             f"{folder / MEDIA_DIR}")
+
+
+def _named(label: str, shown: str) -> str:
+    """A file as messages name it: ``out='x.png'`` for an option's name, else ``export file
+    x.png``."""
+    return f"{label}={shown!r}" if label.isidentifier() else f"{label} {shown}"
+
+
+def check_suffix(path: str | Path, num_frames: int, label: str = "out") -> str:
     """The output suffix, checked against the result's frame count.
 
+    Args:
+        label: see :func:`check_output_path`.
     Raises:
-        ValueError: unknown suffix, or a video asked for as PNG (message names ``out``).
+        ValueError: unknown suffix, or a video asked for as PNG (message names the file).
     """
     suffix = Path(path).suffix.lower()
     if suffix not in SUFFIXES:
-        raise ValueError(f"out={str(path)!r}: the file must end in {', '.join(SUFFIXES)}")
+        raise ValueError(f"{_named(label, str(path))}: the file must end in "
+                         f"{', '.join(SUFFIXES)}")
     if num_frames > 1 and suffix in IMAGE_SUFFIXES:
-        raise ValueError(
-            f"out={str(path)!r}: a video of {num_frames} frames needs {', '.join(VIDEO_SUFFIXES)}"
-        )
+        raise ValueError(f"{_named(label, str(path))}: a video of {num_frames} frames needs "
+                         f"{', '.join(VIDEO_SUFFIXES)}")
     return suffix
 
 

@@ -220,6 +220,7 @@ class Project:
         # when they are saved after a failure (None, 0); without it the error is raised
         self.on_save_state: Callable[[BaseException | None, int], None] | None = None
         self._save_failing = False
+        self._raising = 0  # depth of save_errors_raised()
         self.media = MediaStore(folder / MEDIA_DIR, conn, self.transaction)
         self.recovered: list[str] = []
         self.document = Document()
@@ -492,16 +493,27 @@ class Project:
             if self.on_save_state is not None:
                 self.on_save_state(None, 0)
 
+    @contextmanager
+    def save_errors_raised(self) -> Iterator[None]:
+        """Inside, a failed save of the document's changes is raised to the code that
+        changed the document, even with :attr:`on_save_state` set: for a change that must
+        not stand unsaved (a result's finish, which then stays pending)."""
+        self._raising += 1
+        try:
+            yield
+        finally:
+            self._raising -= 1
+
     def _save_changes(self, events: Sequence[ChangeEvent]) -> None:
         """The document's listener: saves ``events`` (see :meth:`_apply`). A failure (disk
         full, I/O error, a read-only disk) goes to :attr:`on_save_state` when set, with the
-        number of changes kept pending, and is raised otherwise; the first good save after
-        a failure is told too."""
+        number of changes kept pending, and is raised otherwise (and inside
+        :meth:`save_errors_raised`); the first good save after a failure is told too."""
         try:
             self._apply(events)
         except (sqlite3.Error, OSError) as exc:
             self._save_failing = True
-            if self.on_save_state is None:
+            if self.on_save_state is None or self._raising:
                 raise
             log.error("project %s: saving %d change(s) failed: %s", self.folder,
                       len(self._unsaved), exc)

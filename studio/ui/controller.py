@@ -482,8 +482,9 @@ class StudioController(QObject):
             # nothing on screen names a medium the file does not have; a row left without
             # its variant is collected as garbage
             try:
-                media_id = media.commit(staged)
-                doc.finish(vid, [Artifact(media_id, kind)])
+                with self.project.save_errors_raised():
+                    media_id = media.commit(staged)
+                    doc.finish(vid, [Artifact(media_id, kind)])
             except Exception as exc:
                 log.exception("saving the result of %s failed", vid)
                 self._save_failed(vid, exc)

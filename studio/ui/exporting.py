@@ -62,9 +62,9 @@ async def export_variant(document: Document, media: MediaCache, background: Back
     v = _done(document, variant_id)
     art = v.artifacts[0]
     try:
-        check_output_path(path)
+        check_output_path(path, label=EXPORT_LABEL)
         frames = await media.load_frames(art.media_id)
-        check_suffix(path, len(frames))
+        check_suffix(path, len(frames), label=EXPORT_LABEL)
     except (KeyError, OSError, ValueError) as exc:
         raise ExportError(str(exc)) from None
     meta = media.info(art.media_id)["meta"]
@@ -75,7 +75,7 @@ async def export_variant(document: Document, media: MediaCache, background: Back
         return await background.call(write_result, path, frames, fps, request_json,
                                      environment, slow=True)
     except (OSError, ValueError) as exc:
-        raise ExportError(f"could not write {path}: {exc}") from None
+        raise ExportError(_write_failure(path, exc)) from None
 
 
 async def export_contact_sheet(document: Document, media: MediaCache, background: Background,
@@ -103,10 +103,23 @@ async def export_contact_sheet(document: Document, media: MediaCache, background
     if not items:
         raise ExportError("None of the selected variants has a result yet.")
     try:
-        check_output_path(path)
+        check_output_path(path, label=EXPORT_LABEL)
+    except ValueError as exc:
+        raise ExportError(str(exc)) from None
+    try:
         return await background.call(write_contact_sheet, path, items, cell, slow=True)
     except (OSError, ValueError) as exc:
-        raise ExportError(f"could not write {path}: {exc}") from None
+        raise ExportError(_write_failure(path, exc)) from None
+
+
+#: how the studio's messages name the file of an export (the CLI's say ``out='x.png'``)
+EXPORT_LABEL = "export file"
+
+
+def _write_failure(path: str | Path, exc: BaseException) -> str:
+    """One line for a write that failed: the path once, and the system's reason."""
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return f"could not write {path}: {reason}"
 
 
 def settings_text(document: Document, variant_id: str) -> str:

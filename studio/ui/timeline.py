@@ -539,7 +539,7 @@ class TimelinePanel(QWidget):
         if items is None:
             return None
         try:
-            check_output_path(path)
+            check_output_path(path, label="export file")
         except ValueError as exc:  # the user's to fix: said plainly, no traceback
             self.message.emit(f"Export failed: {exc}", True)
             return None

@@ -192,6 +192,14 @@ def test_output_problems_are_found_before_model_work(tmp_path, capsys, monkeypat
                                  "--out", init)
     assert code == 2 and "is also an input" in err
     assert init.read_bytes() == (CASES / "002-init-image-modes" / "palette.png").read_bytes()
+    # a studio project's stored results are not a place for renders
+    from studio.store.project import Project
+
+    Project.create(tmp_path / "proj").close()
+    code, _, err = studio_inproc(capsys, "render", "--prompt", "x", "--out",
+                                 tmp_path / "proj" / "media" / "ab" / "x.png")
+    assert code == 2 and "out='" in err and "is one of the project's own files" in err
+    assert not (tmp_path / "proj" / "media" / "ab").exists()
     # a read-only file is refused before any model work (as root, os.access says every file
     # is writable, so the check is made to see what a user account sees)
     import os

@@ -172,6 +172,16 @@ def test_generate_branch_compare_timeline_export_and_reopen(tmp_path, loop, make
         run(loop, w.export_contact_sheet([image], tmp_path / "dir.png"))
     assert run(loop, w.timeline.export_mp4(tmp_path / "dir.png")) is None
     assert "is a folder; give a file name" in w.last_message[0]
+    # nor over a stored result of the project (it would change another variant's result)
+    stored = project.media.root.joinpath(doc.variant(child).artifacts[0].media_id[:2])
+    stored_file = next(stored.glob(doc.variant(child).artifacts[0].media_id + ".*"))
+    before = stored_file.read_bytes()
+    with pytest.raises(ExportError, match=r"^export file .*: is one of the project's own "
+                                          r"files in .* choose a place outside .*media$"):
+        run(loop, w.export_variant(image, stored_file))
+    with pytest.raises(ExportError, match="is one of the project's own files"):
+        run(loop, w.export_contact_sheet([image], project.folder / "project.sqlite"))
+    assert stored_file.read_bytes() == before
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
     w.variants.select([child])
     w.copy_settings_action.trigger()
