@@ -159,6 +159,19 @@ class _SetField(Command):
         return True
 
 
+#: the longest variant name, in characters (a name is a label, not a note)
+MAX_NAME_CHARS = 200
+
+
+def clean_variant_name(text: str) -> str:
+    """A name as typed or pasted, made a label: line breaks and tabs become spaces, runs of
+    spaces one, the ends trimmed, and cut to :data:`MAX_NAME_CHARS` (ending in "…")."""
+    name = " ".join(str(text).split())
+    if len(name) > MAX_NAME_CHARS:
+        name = name[:MAX_NAME_CHARS - 1].rstrip() + "…"
+    return name
+
+
 class RenameVariant(_SetField):
     """Renames a variant; consecutive renames of the same variant merge into one step."""
 
@@ -169,6 +182,10 @@ class RenameVariant(_SetField):
         _check_id(variant_id, "variant_id")
         if not isinstance(name, str):
             raise ValueError(f"name: expected a string, got {type(name).__name__}")
+        if len(name) > MAX_NAME_CHARS:
+            raise ValueError(f"name: {len(name)} characters; at most {MAX_NAME_CHARS}")
+        if any(c in name for c in "\n\r\t"):
+            raise ValueError("name: one line without tabs (clean_variant_name makes one)")
         super().__init__(variant_id, name)
 
     @property

@@ -24,7 +24,14 @@ from pathlib import Path
 import numpy as np
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMimeData, Qt, Signal
 from PySide6.QtGui import QDragEnterEvent, QDropEvent, QGuiApplication, QImage
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QLabel,
+    QSizePolicy,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from studio.core.document import PENDING, ChangeEvent, Document, Status
 from studio.core.request import MediaRef
@@ -97,6 +104,8 @@ class Canvas(QWidget):
         self.controls = PlayerControls(self.player)
         self.caption = QLabel("")
         self.caption.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        # a long name or prompt is cut at the panel's edge, never widens the window
+        self.caption.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.banner = QLabel("")
         self.banner.setWordWrap(True)
         self.banner_close = QToolButton(text="✕")

@@ -43,7 +43,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.core.commands import AddVariant, DeleteVariant, RenameVariant, StarVariant
+from studio.core.commands import (
+    AddVariant,
+    DeleteVariant,
+    RenameVariant,
+    StarVariant,
+    clean_variant_name,
+)
 from studio.core.document import (
     PENDING,
     QUEUE_CHANGED,
@@ -520,7 +526,7 @@ class MainWindow(QMainWindow):
             return []
         v = self.document.variant(vid)
         command = AddVariant(v.request_json, v.request_id, parent_id=vid,
-                             name=f"{variant_label(v)} (reproduced)"[:200])
+                             name=clean_variant_name(f"{variant_label(v)} (reproduced)"))
         self.document.history.push(command)
         self.variants.select([command.variant_id])
         return [command.variant_id]
@@ -668,7 +674,9 @@ class MainWindow(QMainWindow):
             self.variants.view.edit(self.variant_model.index_for(vid))
 
     def rename(self, variant_id: str, name: str) -> None:
-        """Renames a variant (undoable)."""
+        """Renames a variant (undoable); the name is made one line of at most 200
+        characters (:func:`~studio.core.commands.clean_variant_name`)."""
+        name = clean_variant_name(name)
         if self.document.variant(variant_id).name != name:
             self.document.history.push(RenameVariant(variant_id, name))
 

@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QPushButton,
     QScrollArea,
+    QSizePolicy,
     QSpinBox,
     QToolButton,
     QVBoxLayout,
@@ -130,6 +131,7 @@ class ParamsPanel(QWidget):
         for profile in PROFILES:
             self.profile_combo.addItem(profile)
         self.parent_label = QLabel("")
+        self.parent_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.parent_clear = QToolButton(text="✕", toolTip="Generate new roots instead")
         self.general_error = QLabel("")
         self.general_error.setStyleSheet(ERROR_STYLE)

@@ -37,7 +37,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.core.commands import RenameVariant, StarVariant
+from studio.core.commands import RenameVariant, StarVariant, clean_variant_name
 from studio.core.document import (
     PENDING,
     VARIANTS_ADDED,
@@ -367,7 +367,7 @@ class VariantTreeModel(QAbstractItemModel):
             return False
         v = self._doc.variant(vid)
         if index.column() == 0 and role == Qt.ItemDataRole.EditRole:
-            name = str(value).strip()
+            name = clean_variant_name(str(value))
             if name != v.name:
                 self._doc.history.push(RenameVariant(vid, name))
             return True

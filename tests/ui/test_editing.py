@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from PySide6.QtCore import Qt
 
 from studio.core.document import Status
@@ -306,3 +308,36 @@ def test_a_full_disk_is_said_and_the_edits_reach_the_file_when_space_returns(
     project._conn = real
     loaded = project._load().variant(vid)
     assert loaded.name == "renamed" and loaded.starred
+
+
+def test_a_long_pasted_name_is_one_line_and_never_widens_the_window(tmp_path, loop,
+                                                                      make_window):
+    """10,000 characters with line breaks pasted as a name: the name becomes one line of at
+    most 200 characters, and the window keeps its width with the variant on the canvas and
+    in the compare view (before, it grew to about 71,800 pixels and stayed so)."""
+    from studio.core.commands import MAX_NAME_CHARS, RenameVariant
+
+    project = Project.create(tmp_path / "project")
+    w = make_window(project)
+    doc = project.document
+    fill_prompt(w, "a red circle on grass")
+    fast_image_settings(w)
+    w.params.batch_spin.setValue(2)
+    a, b = w.generate()
+    run(loop, until(lambda: all(doc.variant(v).status == Status.DONE for v in (a, b)), 90))
+    width = w.width()
+    pasted = ("a very long name\n" * 700)[:10_000]
+    assert w.variant_model.setData(w.variant_model.index_for(a), pasted)
+    name = doc.variant(a).name
+    assert len(name) <= MAX_NAME_CHARS and "\n" not in name and name.endswith("…")
+    assert name.startswith("a very long name a very long name")
+    w.variants.select([a])
+    w.variants.select([a, b])
+    w.compare_action.trigger()
+    run(loop, until(lambda: w.compare.is_loaded(), 30, "the compare view"))
+    w.rename(b, "x" * 5000)
+    loop.run_until_complete(__import__("asyncio").sleep(0.2))
+    assert len(doc.variant(b).name) == MAX_NAME_CHARS
+    assert w.width() == width, (w.width(), width)
+    with pytest.raises(ValueError, match="name: 201 characters; at most 200"):
+        RenameVariant(a, "y" * 201)
