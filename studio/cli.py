@@ -398,8 +398,9 @@ class ProgressBar:
         self.last = now
         width = 30
         done = int(width * step / max(total, 1))
+        left = f"~{eta:4.1f}s left" if eta >= 0 else "estimating time left"
         sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] step {step}/{total} "
-                         f"{elapsed:5.1f}s elapsed, ~{eta:4.1f}s left")
+                         f"{elapsed:5.1f}s elapsed, {left}")
         sys.stderr.flush()
 
     def close(self) -> None:

@@ -45,6 +45,9 @@ class Started(JobEvent):
     """The worker took the job."""
 
 
+ETA_UNKNOWN = -1.0  # Progress.eta_s before the time of a step is known
+
+
 @dataclass(frozen=True)
 class Progress(JobEvent):
     """One denoising step finished.
@@ -53,7 +56,8 @@ class Progress(JobEvent):
         step: steps done, 1..total_steps.
         total_steps: steps this job runs (for image-to-image: ``int(steps * strength)``).
         elapsed_s: seconds since the job started.
-        eta_s: estimated seconds to the end of denoising.
+        eta_s: estimated seconds to the end of denoising; :data:`ETA_UNKNOWN` (negative)
+            at the first step, before a step's time is known.
         preview: uint8 RGB (h, w, 3), long side <= 256 px, from the current latents by a
             cheap linear latent-to-RGB projection (not the VAE); None if not available.
     """

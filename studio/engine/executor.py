@@ -423,9 +423,10 @@ class JobExecutor:
                 preview = None
                 if runner.preview is not None and latents is not None:
                     preview = runner.preview(latents)
-                per_step = (now - t_denoise[0]) / max(step - 1, 1) if step > 1 else 0.0
-                emit(ev.Progress(jid, step, total, now - t_start,
-                                 per_step * max(total - step, 0), preview))
+                # from the second step on (the first one's time includes the set-up)
+                eta = (now - t_denoise[0]) / (step - 1) * max(total - step, 0) \
+                    if step > 1 else ev.ETA_UNKNOWN
+                emit(ev.Progress(jid, step, total, now - t_start, eta, preview))
                 if is_cancelled():
                     raise JobCancelled(step)
 

@@ -114,6 +114,7 @@ class Canvas(QWidget):
         banner_row.addWidget(self.banner, 1)
         banner_row.addWidget(self.banner_close)
         self._banner_box = QWidget()
+        self._banner_error = False  # the banner shows an error (not a note)
         self._banner_box.setLayout(banner_row)
         self._banner_box.hide()
         layout = QVBoxLayout(self)
@@ -257,7 +258,7 @@ class Canvas(QWidget):
             text = f"Queued (#{queue.index(variant_id) + 1})" if variant_id in queue else "Queued"
         elif progress is not None:
             text = (f"Generating: step {progress.step}/{progress.total}, "
-                    f"{format_eta(progress.eta_s)} left")
+                    f"{format_eta(progress.eta_s)}")
         else:
             text = "Starting…"
         self.view.set_message(text)
@@ -342,16 +343,25 @@ class Canvas(QWidget):
 
     # -- messages ---------------------------------------------------------------------------
     def show_error(self, text: str) -> None:
-        """Shows an error in the banner above the picture (until closed or replaced)."""
+        """Shows an error in the banner above the picture (until closed, replaced, or
+        :meth:`clear_error` once the user has moved on)."""
         self.banner.setStyleSheet(BANNER_STYLE)
         self.banner.setText(text)
         self._banner_box.show()
+        self._banner_error = True
 
     def show_note(self, text: str) -> None:
         """Shows a note in the banner."""
         self.banner.setStyleSheet(NOTE_STYLE)
         self.banner.setText(text)
         self._banner_box.show()
+        self._banner_error = False
+
+    def clear_error(self) -> None:
+        """Hides the banner when it shows an error (a note stays): called when something
+        the user did next worked, so an error about an earlier attempt does not linger."""
+        if self._banner_error:
+            self.clear_banner()
 
     def banner_text(self) -> str:
         """The banner's text ("" when hidden)."""
@@ -361,6 +371,7 @@ class Canvas(QWidget):
         """Hides the banner."""
         self.banner.setText("")
         self._banner_box.hide()
+        self._banner_error = False
 
     # -- drops and pastes -------------------------------------------------------------------
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802

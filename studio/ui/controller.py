@@ -62,6 +62,19 @@ EngineFactory = Callable[[], Engine]
 # an input image fitted to the model's size), shown to the user when the result arrives
 INPUT_NOTE_PREFIXES = ("prompt:", "negative prompt:", "size:", "first_frame:", "init_image:",
                        "references", "FLUX.1 ignores", "FLUX.2 is guidance-distilled")
+#: the engine's notes on what a job ran, said when it finishes (the profile's own line and
+#: the like stay with the result)
+RAN_NOTE_PREFIXES = ("step cache:", "guidance reuse:", "memory plan", "retried", "VAE decode")
+
+
+def finished_text(label: str, timings: dict, notes: Sequence[str]) -> str:
+    """The status line for a finished job: its name, seconds, and what ran."""
+    total = timings.get("total")
+    text = f"Done: {label}" + (f" in {total:.1f} s" if isinstance(total, float) else "")
+    ran = [n for n in notes if n.startswith(RAN_NOTE_PREFIXES)]
+    if any(n.startswith("the CPU is busy") for n in notes):
+        ran.append("the CPU was busy with other programs (STUDIO_CPU_THREADS=auto helps)")
+    return text + ("; " + "; ".join(ran) if ran else "")
 
 
 @dataclass
@@ -492,6 +505,11 @@ class StudioController(QObject):
             self.resultSaved.emit(vid)
             if about_input:
                 self.notice.emit("Note: " + "; ".join(about_input), False)
+            else:  # what ran, from this job's own event (a stored result may be shared)
+                from studio.ui.variants import variant_label  # (variants imports this module)
+
+                self.notice.emit(finished_text(variant_label(doc.variant(vid)), event.timings,
+                                               event.notes), False)
 
         def error(exc: BaseException) -> None:
             self._saving.pop(vid, None)

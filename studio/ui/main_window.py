@@ -401,6 +401,8 @@ class MainWindow(QMainWindow):
         if error:
             self.canvas.show_error(text)
             log.warning("%s", text)
+        else:  # something worked: an error about an earlier attempt no longer applies
+            self.canvas.clear_error()
 
     def active_view(self):
         """The image view of the active tab (canvas, or the compare view's first)."""
@@ -472,7 +474,7 @@ class MainWindow(QMainWindow):
             progress = self.controller.progress(running)
             if progress is not None:
                 text += (f" · running {round(progress.fraction * 100)}%, "
-                         f"{format_eta(progress.eta_s)} left")
+                         f"{format_eta(progress.eta_s)}")
             else:
                 text += " · starting"
         self.queue_status.setText(text)
@@ -494,6 +496,7 @@ class MainWindow(QMainWindow):
             self.params.set_parent(None)
             parent = None
         ids = self.controller.generate(requests, parent)
+        self.canvas.clear_error()  # e.g. an earlier "Cannot generate yet"
         if gone:  # said, not done quietly: the user asked for branches of it
             self.notify("The variant to branch from was deleted or undone: the new variants "
                         "are new roots.", False)

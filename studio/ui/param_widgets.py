@@ -1,4 +1,5 @@
-"""Small pieces of the settings panel: size presets and the input-image slot."""
+"""Small pieces of the settings panel: size presets, the input-image slot, and a decimal
+spin box that takes either decimal separator."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Iterable
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QImage, QPixmap
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QWidget
+from PySide6.QtWidgets import QDoubleSpinBox, QHBoxLayout, QLabel, QToolButton, QWidget
 
 from studio.core.capabilities import ModelCapabilities
 from studio.core.request import MediaRef
@@ -20,6 +21,24 @@ PRESETS: tuple[tuple[str, int, int], ...] = (
     ("Landscape 4:3", 4, 3),
     ("Portrait 3:4", 3, 4),
 )
+class DecimalSpinBox(QDoubleSpinBox):
+    """A QDoubleSpinBox that takes "4,5" as well as "4.5", whatever the locale's decimal
+    separator: a plain one in an English (or C) locale refuses the comma keystroke, so
+    typing "4,5" gave 45, and "1,5" a valid but wrong 15."""
+
+    def _as_locale(self, text: str) -> str:
+        point = self.locale().decimalPoint()
+        other = "," if point == "." else "."
+        return text.replace(other, point) if other in text and point not in text else text
+
+    def validate(self, text: str, pos: int):  # noqa: D102 (Qt override)
+        state, _, _ = super().validate(self._as_locale(text), pos)
+        return state, text, pos
+
+    def valueFromText(self, text: str) -> float:  # noqa: N802 (Qt override)
+        return super().valueFromText(self._as_locale(text))
+
+
 def preset_size(ratio_w: int, ratio_h: int, caps: ModelCapabilities) -> tuple[int, int]:
     """A (width, height) of about the model's default pixel count at ratio_w:ratio_h.
 

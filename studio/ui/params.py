@@ -24,7 +24,6 @@ from PySide6.QtGui import QImage, QStandardItemModel
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
-    QDoubleSpinBox,
     QFormLayout,
     QHBoxLayout,
     QLabel,
@@ -51,7 +50,7 @@ from studio.core.request import (
 )
 from studio.engine.models.registry import ModelEntry
 from studio.ui.background import Background, thumbnail_pixels, to_qimage
-from studio.ui.param_widgets import PRESETS, InputSlot, preset_size
+from studio.ui.param_widgets import PRESETS, DecimalSpinBox, InputSlot, preset_size
 
 CUSTOM = "Custom"
 MAX_BATCH = 16
@@ -102,7 +101,7 @@ class ParamsPanel(QWidget):
         self.init_slot = InputSlot()
         self.first_frame_slot = InputSlot()
         self.references_slot = InputSlot(multi=True)
-        self.strength_spin = QDoubleSpinBox(minimum=0.0, maximum=1.0, singleStep=0.05,
+        self.strength_spin = DecimalSpinBox(minimum=0.0, maximum=1.0, singleStep=0.05,
                                             decimals=2, value=0.8)
         self.mask_label = QLabel("")
         self.mask_label.setWordWrap(True)
@@ -115,7 +114,7 @@ class ParamsPanel(QWidget):
                                            "new random seed")
         self.seed_random = QToolButton(text="Random", toolTip="Draw a random seed now")
         self.steps_spin = QSpinBox(minimum=1, maximum=1000, value=20)
-        self.guidance_spin = QDoubleSpinBox(minimum=0.0, maximum=100.0, singleStep=0.5,
+        self.guidance_spin = DecimalSpinBox(minimum=0.0, maximum=100.0, singleStep=0.5,
                                             decimals=2, value=5.0)
         self.preset_combo = QComboBox()
         for name, _, _ in PRESETS:
@@ -124,7 +123,7 @@ class ParamsPanel(QWidget):
         self.width_spin = QSpinBox(minimum=8, maximum=16384, value=512, suffix=" px")
         self.height_spin = QSpinBox(minimum=8, maximum=16384, value=512, suffix=" px")
         self.frames_spin = QSpinBox(minimum=1, maximum=10_000, value=9)
-        self.fps_spin = QDoubleSpinBox(minimum=0.0, maximum=240.0, decimals=2, value=16.0)
+        self.fps_spin = DecimalSpinBox(minimum=0.0, maximum=240.0, decimals=2, value=16.0)
         self.batch_spin = QSpinBox(minimum=1, maximum=MAX_BATCH, value=1,
                                    toolTip="Variants per click, with consecutive seeds")
         self.profile_combo = QComboBox()
@@ -305,6 +304,7 @@ class ParamsPanel(QWidget):
             self.height_spin.setSingleStep(m)
             self.frames_spin.setSingleStep(max(1, caps.frame_multiple))
             self.steps_spin.setMaximum(max(caps.max_steps, 1))
+            self.guidance_spin.setRange(*caps.guidance_range)
             if apply_defaults:
                 self.steps_spin.setValue(caps.default_steps)
                 self.guidance_spin.setValue(caps.default_guidance)

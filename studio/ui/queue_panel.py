@@ -50,11 +50,14 @@ ProgressRole = Qt.ItemDataRole.UserRole + 2
 
 
 def format_eta(seconds: float) -> str:
-    """Seconds left as a short text ("3 s", "2 min 5 s")."""
-    seconds = max(0, round(seconds))
+    """Seconds left as a short text ("3 s left", "2 min 5 s left"; "estimating the time
+    left" while unknown: negative, the engine's ``ETA_UNKNOWN`` at the first step)."""
+    if seconds < 0:
+        return "estimating the time left"
+    seconds = round(seconds)
     if seconds < 60:
-        return f"{seconds} s"
-    return f"{seconds // 60} min {seconds % 60} s"
+        return f"{seconds} s left"
+    return f"{seconds // 60} min {seconds % 60} s left"
 
 
 class QueueModel(RowsTableModel):
@@ -137,7 +140,7 @@ class QueueModel(RowsTableModel):
         if col == 2:
             if v.status == Status.RUNNING and progress is not None:
                 return (f"{progress.step}/{progress.total} · "
-                        f"{format_eta(progress.eta_s)} left")
+                        f"{format_eta(progress.eta_s)}")
             if v.status == Status.RUNNING:
                 return "starting…"
             if v.status == Status.QUEUED:

@@ -18,7 +18,6 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
     QDialogButtonBox,
-    QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
     QHBoxLayout,
@@ -31,6 +30,7 @@ from PySide6.QtWidgets import (
 from studio.engine.api import ParallelConfig, available_plans, visible_gpus
 from studio.engine.worker import WorkerConfig
 from studio.paths import expand_path
+from studio.ui.param_widgets import DecimalSpinBox
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -192,7 +192,7 @@ class SettingsDialog(QDialog):
             item.setEnabled(False)
             item.setToolTip("No NVIDIA GPU was found on this machine")
         self.device.setCurrentText(settings.device)
-        self.memory = QDoubleSpinBox(minimum=0.0, maximum=4096.0, decimals=1, suffix=" GiB",
+        self.memory = DecimalSpinBox(minimum=0.0, maximum=4096.0, decimals=1, suffix=" GiB",
                                      specialValueText="automatic")
         self.memory.setValue(settings.memory_budget_gb)
         self.plan = QComboBox()

@@ -21,7 +21,6 @@ from PySide6.QtCore import QMimeData, QModelIndex, QObject, Qt, Signal
 from PySide6.QtGui import QIcon, QPixmap
 from PySide6.QtWidgets import (
     QAbstractItemView,
-    QDoubleSpinBox,
     QFileDialog,
     QHBoxLayout,
     QHeaderView,
@@ -51,6 +50,7 @@ from studio.store.storyboard import StoryboardResult, StoryboardShot, render_sto
 from studio.ui.background import Background
 from studio.ui.listsync import sync_rows
 from studio.ui.media_cache import MediaCache
+from studio.ui.param_widgets import DecimalSpinBox
 from studio.ui.table_model import RowsTableModel
 from studio.ui.variants import VARIANTS_MIME, variant_label
 
@@ -361,7 +361,7 @@ class TimelinePanel(QWidget):
         self.in_spin = QSpinBox(minimum=0, maximum=100_000, prefix="in ")
         self.out_spin = QSpinBox(minimum=0, maximum=100_000, prefix="out ",
                                  specialValueText="out: end")
-        self.duration_spin = QDoubleSpinBox(minimum=0.1, maximum=3600.0, decimals=2,
+        self.duration_spin = DecimalSpinBox(minimum=0.1, maximum=3600.0, decimals=2,
                                             singleStep=0.5, suffix=" s")
         self.status = QLabel("")
         buttons = QHBoxLayout()
@@ -390,6 +390,11 @@ class TimelinePanel(QWidget):
         self.export_button.clicked.connect(self.ask_export)
         self.play_button.clicked.connect(self.playRequested)
         self.stop_button.clicked.connect(self.stopRequested)
+        # a trim is taken when typed in whole (Enter, or leaving the box) or stepped: typing
+        # "12" must not try "1" first
+        self._trim_refused = False
+        for spin in (self.in_spin, self.out_spin):
+            spin.setKeyboardTracking(False)
         self.in_spin.valueChanged.connect(self._on_trim)
         self.out_spin.valueChanged.connect(self._on_trim)
         self.duration_spin.valueChanged.connect(self._on_duration)
@@ -455,6 +460,9 @@ class TimelinePanel(QWidget):
                 self.out_spin.setMaximum(count)
                 self.in_spin.setValue(shot.in_frame)
                 self.out_spin.setValue(shot.out_frame or 0)
+            else:  # disabled boxes show nothing of another shot
+                self.in_spin.setValue(0)
+                self.out_spin.setValue(0)
             if shot is not None and not video:
                 self.duration_spin.setValue(self.model.shot_seconds(shot))
         finally:
@@ -469,11 +477,17 @@ class TimelinePanel(QWidget):
         start = self.in_spin.value()
         end = self.out_spin.value() or None
         if end is not None and end <= start:
-            self.message.emit("Trim: the out frame must come after the in frame", True)
+            self.message.emit(f"Trim: the out frame ({end}) must come after the in frame "
+                              f"({start}); the shot keeps its trim", True)
+            self._trim_refused = True
+            self._load_editors()  # the boxes show the trim the shot has
             return
         shot = self._doc.shot(sid)
         if (shot.in_frame, shot.out_frame) != (start, end):
             self._doc.history.push(TrimShot(sid, start, end))
+            if self._trim_refused:  # said, so that the error above does not linger
+                self._trim_refused = False
+                self.message.emit(f"Trimmed: frames {start} to {end or 'the end'}", False)
 
     def _on_duration(self, value: float) -> None:
         sid = self.selected()

@@ -59,6 +59,10 @@ def test_lifecycle_event_order(tiny_models, executor):
     assert events[0].position == 0
     assert [e.step for e in events[2:-1]] == [1, 2, 3]
     assert all(e.total_steps == 3 and e.preview.dtype == np.uint8 for e in events[2:-1])
+    # the time left is unknown after the first step (its time includes the set-up), then
+    # estimated from the steps since: the last step leaves none
+    assert events[2].eta_s == ev.ETA_UNKNOWN < 0
+    assert events[3].eta_s >= 0 and events[4].eta_s == 0
     assert final is events[-1] and final.frames.shape == (1, 32, 32, 3)
     assert set(final.timings) >= {"load", "prepare", "denoise", "decode", "total"}
     assert final.peak_memory_bytes > 0 and final.environment["dtype"] == "float32"
