@@ -12,6 +12,7 @@ import os
 import stat
 import tempfile
 from collections.abc import Callable
+from glob import escape as glob_escape
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -135,7 +136,30 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None], *,
             raise type(exc)(exc.errno, exc.strerror, str(dest)) from exc
         raise
     fsync_dir(dest.parent)
+    _sweep_stale_temporaries(dest)
     return dest
+
+
+#: a temporary file of :func:`atomic_write` untouched this long was left by a killed write
+STALE_TEMPORARY_S = 3600.0
+
+
+def _sweep_stale_temporaries(dest: Path) -> None:
+    """Deletes the temporary files earlier writes of ``dest`` left behind when their process
+    was killed (``.<stem>.<random>.tmp<suffix>``, untouched for :data:`STALE_TEMPORARY_S`:
+    a write in progress touches its file all along). Best effort: a failure is ignored."""
+    import time
+
+    cutoff = time.time() - STALE_TEMPORARY_S
+    try:
+        for tmp in dest.parent.glob(f".{glob_escape(dest.stem)}.*.tmp{glob_escape(dest.suffix)}"):
+            try:
+                if tmp.is_file() and not tmp.is_symlink() and tmp.stat().st_mtime < cutoff:
+                    tmp.unlink()
+            except OSError:
+                pass
+    except OSError:
+        pass
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:

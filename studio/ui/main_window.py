@@ -88,6 +88,7 @@ log = logging.getLogger(__name__)
 #: the draft is saved in the project this long after the last edit (and at close)
 DRAFT_SAVE_DELAY_MS = 500
 SAVE_RETRY_MS = 5000  # a failed save of the project is tried again this often
+MAX_MESSAGE_CHARS = 600  # longer messages are cut in the status bar and the banner
 
 INPUT_FIELDS = {"init_image": "init image", "first_frame": "first frame",
                 "references": "reference"}
@@ -397,9 +398,11 @@ class MainWindow(QMainWindow):
     def notify(self, text: str, error: bool = False) -> None:
         """Tells the user something: the status bar, and the canvas banner for errors."""
         self.last_message = (text, error)
-        self.statusBar().showMessage(text, 15000 if error else 8000)
+        # a message quoting a 10,000-character prompt is cut for the screen (the log has it)
+        shown = text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS - 1] + "…"
+        self.statusBar().showMessage(shown, 15000 if error else 8000)
         if error:
-            self.canvas.show_error(text)
+            self.canvas.show_error(shown)
             log.warning("%s", text)
         else:  # something worked: an error about an earlier attempt no longer applies
             self.canvas.clear_error()
@@ -739,6 +742,8 @@ class MainWindow(QMainWindow):
         name = f"{variant_label(self.document.variant(vid))[:40]}{suffix}".replace("/", "_")
         path, _ = QFileDialog.getSaveFileName(self, "Export result", name, filters)
         if path:
+            if not Path(path).suffix:  # as the storyboard and contact sheet exports do
+                path += suffix
             self.spawn(self.export_variant(vid, path))
 
     async def export_variant(self, variant_id: str, path: str | Path) -> Path:

@@ -187,6 +187,7 @@ class QueuePanel(QWidget):
         self.model = model
         self.controller = controller
         self.view = QTableView()
+        self.view.setTextElideMode(Qt.TextElideMode.ElideMiddle)  # keeps "· seed 12" shown
         self.view.setModel(model)
         self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.view.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)

@@ -533,7 +533,12 @@ class TimelinePanel(QWidget):
         path, _ = QFileDialog.getSaveFileName(self, "Export storyboard", "storyboard.mp4",
                                               "MP4 video (*.mp4)")
         if path:
-            if not path.lower().endswith(".mp4"):
+            suffix = Path(path).suffix.lower()
+            if suffix and suffix != ".mp4":  # said, not written as "board.gif.mp4"
+                self.message.emit(f"Export failed: the storyboard is written as MP4; name the "
+                                  f"file .mp4 instead of {suffix}", True)
+                return
+            if not suffix:
                 path += ".mp4"
             task = asyncio.ensure_future(self.export_mp4(path))
             task.add_done_callback(self._report_failure)

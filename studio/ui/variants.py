@@ -394,6 +394,8 @@ class VariantPanel(QWidget):
         super().__init__(parent)
         self.model = model
         self.view = QTreeView()
+        # siblings differ at the end of their labels ("… · seed 12"): elide the middle
+        self.view.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         self.view.setModel(model)
         self.view.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
         self.view.setDragEnabled(True)  # onto the timeline

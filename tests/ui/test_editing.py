@@ -425,3 +425,34 @@ def test_a_finished_job_says_what_ran(tmp_path, loop, make_window):
                     done[0]), done[0]
     assert re.match(r"Done: .* in \d+\.\d s; step cache: \d+ of 24 denoiser calls "
                     r"computed in full, \d+ forecast", done[1]), done[1]
+
+
+def test_export_dialogs_add_the_suffix_and_refuse_a_storyboard_as_gif(tmp_path, loop,
+                                                                     make_window, monkeypatch):
+    """A name typed without a suffix gets the result's (".png"), as the contact sheet and
+    storyboard exports already did; a storyboard named "board.gif" is refused (it was
+    written as "board.gif.mp4"); a long message is cut on the screen."""
+    from PySide6.QtWidgets import QFileDialog
+
+    from studio.ui.main_window import MAX_MESSAGE_CHARS
+
+    project = Project.create(tmp_path / "project")
+    w = make_window(project)
+    doc = project.document
+    fill_prompt(w, "a red circle on grass")
+    fast_image_settings(w)
+    [vid] = w.generate()
+    run(loop, until(lambda: doc.variant(vid).status == Status.DONE, 90))
+    answers = iter([str(tmp_path / "hero"), str(tmp_path / "board.gif")])
+    monkeypatch.setattr(QFileDialog, "getSaveFileName",
+                        staticmethod(lambda *a, **k: (next(answers), "")))
+    w.ask_export_variant()
+    run(loop, until(lambda: (tmp_path / "hero.png").exists(), 30, "the export"))
+    w.timeline.add_variants([vid])
+    w.timeline.ask_export()
+    assert "the storyboard is written as MP4; name the file .mp4 instead of .gif" in \
+        w.last_message[0]
+    assert not list(tmp_path.glob("board*"))
+    w.notify("x" * 10_000, error=True)
+    assert len(w.statusBar().currentMessage()) == MAX_MESSAGE_CHARS
+    assert len(w.canvas.banner_text()) == MAX_MESSAGE_CHARS
