@@ -567,7 +567,11 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Reading {name}…", 5000)
 
         def done(ref: MediaRef, pixels: np.ndarray) -> None:
-            note = self.params.set_input(field, ref, pixels)
+            try:
+                note = self.params.set_input(field, ref, pixels)
+            except ValueError as exc:
+                self.notify(str(exc), True)
+                return
             self.canvas.clear_banner()
             self.notify(f"{name} is the {INPUT_FIELDS[field]}" + (f"; {note}" if note else ""))
 
@@ -596,7 +600,11 @@ class MainWindow(QMainWindow):
         label = f"result of {variant_label(v)}"
 
         def set_input(ref: MediaRef, pixels: np.ndarray) -> None:
-            note = self.params.set_input(field, ref, pixels)
+            try:
+                note = self.params.set_input(field, ref, pixels)
+            except ValueError as exc:
+                self.notify(str(exc), True)
+                return
             self.notify(f"{label} is the {INPUT_FIELDS[field]}" + (f"; {note}" if note else ""))
 
         def with_frames(frames: np.ndarray | None) -> None:

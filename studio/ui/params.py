@@ -446,11 +446,23 @@ class ParamsPanel(QWidget):
 
         Returns:
             A note for the user ("" when nothing needs saying).
+        Raises:
+            ValueError: a reference beyond the model's several (nothing changes); past a
+                model's single reference, the new one replaces it (said in the note).
         """
         thumb = to_qimage(thumbnail_pixels(pixels, 64)) if pixels is not None else None
+        note = ""
+        caps = self.capabilities()
+        if field == "references" and caps is not None and caps.max_references >= 1 \
+                and len(self.references_slot.refs()) >= caps.max_references:
+            if caps.max_references > 1:  # the user picks which one goes
+                raise ValueError(f"references: {caps.name} takes at most "
+                                 f"{caps.max_references}; clear the references first (this "
+                                 f"one was not added)")
+            self.references_slot.clear()
+            note = f"this reference replaces the one before ({caps.name} takes one)"
         self.slot(field).add(ref, thumb)
         mode = {"init_image": "i2i", "first_frame": "i2v", "references": "r2v"}[field]
-        note = ""
         if self.mode() != mode and not self.set_mode(mode):
             entry = self.entry()
             note = (f"{MODE_NAMES[mode]} is not supported by "

@@ -93,3 +93,35 @@ def test_paste_and_result_as_first_frame(tmp_path, loop, make_window):
     run(loop, until(lambda: w.params.first_frame_slot.refs()
                     and w.params.first_frame_slot.refs()[0].source == "pasted image.png",
                     20, "the pasted image"))
+
+
+def test_a_reference_past_the_models_limit_replaces_or_is_refused(tmp_path, make_window):
+    """The embedded model takes one reference: a second one replaces it, and the note says
+    so (before, both were kept, "… is the reference" was said, and Generate went grey with
+    no reason on screen). A model taking several refuses one more, changing nothing."""
+    from dataclasses import replace
+
+    import pytest
+
+    from studio.core.media import pixels_content_id
+    from studio.core.request import MediaRef
+
+    w = make_window(Project.create(tmp_path / "project"))
+    params = w.params
+    red, blue = np.zeros((32, 32, 3), np.uint8), np.full((32, 32, 3), 200, np.uint8)
+    first = MediaRef(pixels_content_id(red), "red.png")
+    second = MediaRef(pixels_content_id(blue), "blue.png")
+    assert params.capabilities().max_references == 1
+    assert params.set_input("references", first, red) == ""
+    note = params.set_input("references", second, blue)
+    assert "replaces the one before" in note and params.references_slot.refs() == (second,)
+    assert params.mode() == "r2v"
+    fill_prompt(w, "a small object slides to the left on grass")
+    assert params.is_valid(), params.problems()
+    several = replace(params.capabilities(), max_references=2)
+    params.capabilities = lambda: several  # a model such as Wan VACE
+    params.set_input("references", first, red)
+    with pytest.raises(ValueError, match="takes at most 2; clear the references first"):
+        params.set_input("references", MediaRef(pixels_content_id(red[:16]), "small.png"),
+                         red[:16])
+    assert params.references_slot.refs() == (second, first)
