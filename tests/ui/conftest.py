@@ -158,6 +158,18 @@ def fast_image_settings(window) -> None:
     window.params.steps_spin.setValue(4)
 
 
+def render_image(window, loop, prompt: str = "a red circle on grass", seed: int = 7,
+                 label: str = "the image") -> str:
+    """Generates one quick image in ``window`` and waits until it is done; its variant id."""
+    from studio.core.document import Status
+
+    fill_prompt(window, prompt, seed)
+    fast_image_settings(window)
+    [vid] = window.generate()
+    run(loop, until(lambda: window.document.variant(vid).status == Status.DONE, 120, label))
+    return vid
+
+
 def project_snapshot(folder: Path) -> dict[str, Any]:
     """Everything a project holds: table rows and the media files' names."""
     import sqlite3

@@ -13,6 +13,7 @@ from studio.store.project import Project
 from tests.ui.conftest import (
     fast_image_settings,
     fill_prompt,
+    render_image,
     run,
     slow_video_settings,
     until,
@@ -436,13 +437,8 @@ def test_export_dialogs_add_the_suffix_and_refuse_a_storyboard_as_gif(tmp_path, 
 
     from studio.ui.main_window import MAX_MESSAGE_CHARS
 
-    project = Project.create(tmp_path / "project")
-    w = make_window(project)
-    doc = project.document
-    fill_prompt(w, "a red circle on grass")
-    fast_image_settings(w)
-    [vid] = w.generate()
-    run(loop, until(lambda: doc.variant(vid).status == Status.DONE, 90))
+    w = make_window(Project.create(tmp_path / "project"))
+    vid = render_image(w, loop)
     answers = iter([str(tmp_path / "hero"), str(tmp_path / "board.gif")])
     monkeypatch.setattr(QFileDialog, "getSaveFileName",
                         staticmethod(lambda *a, **k: (next(answers), "")))

@@ -17,7 +17,7 @@ from __future__ import annotations
 from studio.core.document import Status
 from studio.store.project import Project
 from studio.ui.stalls import StallMonitor
-from tests.ui.conftest import fast_image_settings, fill_prompt, run, until
+from tests.ui.conftest import render_image, run, until
 
 MAX_STALL_MS = 500.0
 
@@ -26,10 +26,7 @@ def test_no_ui_stall_while_generating(tmp_path, loop, make_window):
     project = Project.create(tmp_path / "project")
     w = make_window(project)
     doc = project.document
-    fill_prompt(w, "a red circle on grass")
-    fast_image_settings(w)
-    [warm] = w.generate()
-    run(loop, until(lambda: doc.variant(warm).status == Status.DONE, 120, "the warm-up"))
+    render_image(w, loop, label="the warm-up")
 
     monitor = StallMonitor(10, parent=w)
     monitor.start()
