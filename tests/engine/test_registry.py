@@ -272,3 +272,20 @@ def test_a_folder_saved_as_the_fp16_variant_loads_it(tiny_models, tmp_path):
     assert entry.usable and entry.variant == "fp16", entry.error
     runner = runner_class(entry.family)(entry, torch.device("cpu"), torch.float32)
     assert runner.base.transformer is not None
+
+
+def test_folders_without_any_model_file_are_not_listed_as_models(tiny_models, tmp_path):
+    """A model folder in Settings may sit beside pictures: a sub-folder holding no index,
+    config or weights is not a model (before, each was listed as an unusable one in the
+    model picker); a model that lost its index still is, with the reason."""
+    (tmp_path / "holiday photos").mkdir()
+    (tmp_path / "holiday photos" / "beach.jpg").write_bytes(b"\xff\xd8\xff")
+    (tmp_path / "holiday photos" / "2025").mkdir()
+    (tmp_path / "empty").mkdir()
+    copy(tiny_models["flux"], tmp_path / "good")
+    broken = copy(tiny_models["wan-t2v"], tmp_path / "broken")
+    (broken / "model_index.json").unlink()
+    listed = {e.path.name: e for e in ModelRegistry([tmp_path], include_hf_cache=False).list()
+              if e.source == "folder"}
+    assert sorted(listed) == ["broken", "good"]
+    assert listed["good"].usable and "model_index.json" in listed["broken"].error

@@ -171,6 +171,32 @@ def _expand(folder: str | os.PathLike[str]) -> Path:
     except ValueError:
         return Path(folder)
 
+#: files that make a folder worth inspecting as a model (a broken one included)
+MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
+MODEL_FILE_NAMES = ("model_index.json", "config.json", "studio.json")
+
+
+def _may_be_model(folder: Path) -> bool:
+    """Whether ``folder`` (a sub-folder of a model folder) holds anything of a model, at its
+    top or one level down: a diffusers index, a config, or weights. A folder of pictures or
+    documents beside the models is not listed as an unusable model; a model missing a
+    file still is, with the reason. Unreadable folders count (their entry says why)."""
+    try:
+        for entry in os.scandir(folder):
+            if entry.name in MODEL_FILE_NAMES or entry.name.endswith(MODEL_FILE_SUFFIXES):
+                return True
+            if entry.is_dir():
+                try:
+                    if any(e.name in MODEL_FILE_NAMES or e.name.endswith(MODEL_FILE_SUFFIXES)
+                           for e in os.scandir(entry.path)):
+                        return True
+                except OSError:
+                    continue
+    except OSError:
+        return True
+    return False
+
+
 class ModelRegistry:
     """Finds models and checks them before anything is loaded.
 
@@ -214,7 +240,8 @@ class ModelRegistry:
                 entries.append(self.inspect(folder, model_id=str(folder), source="folder"))
                 continue
             for sub in subs:
-                entries.append(self.inspect(sub, model_id=str(sub), source="folder"))
+                if _may_be_model(sub):  # a folder of pictures is no model, not a broken one
+                    entries.append(self.inspect(sub, model_id=str(sub), source="folder"))
             try:
                 singles += sorted(p for p in folder.iterdir()
                                   if p.suffix == ".safetensors" and p.is_file())
