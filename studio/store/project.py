@@ -272,6 +272,13 @@ class Project:
         try:
             _refuse_a_lost_database(db_path, folder / MEDIA_DIR)
             conn = sqlite3.connect(db_path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+            tables = [r[0] for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+            if tables and "schema_version" not in tables:
+                raise ProjectError(
+                    f"folder: {db_path} is another program's database (tables: "
+                    f"{', '.join(tables[:5])}{' …' if len(tables) > 5 else ''}), not a "
+                    f"project; choose another folder (nothing was written to it)")
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode.lower() != "wal":
                 log.warning("project %s: journal mode is %s, not WAL", folder, mode)

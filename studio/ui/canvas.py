@@ -342,13 +342,14 @@ class Canvas(QWidget):
             self.show_variant(self._vid)
 
     # -- messages ---------------------------------------------------------------------------
-    def show_error(self, text: str) -> None:
+    def show_error(self, text: str, about: str = "") -> None:
         """Shows an error in the banner above the picture (until closed, replaced, or
-        :meth:`clear_error` once the user has moved on)."""
+        :meth:`clear_error` once the user has moved on). ``about`` names what it is about
+        (e.g. ``"draft"``), for :meth:`clear_error` to clear it when that is fixed."""
         self.banner.setStyleSheet(BANNER_STYLE)
         self.banner.setText(text)
         self._banner_box.show()
-        self._banner_error = True
+        self._banner_error = about or True
 
     def show_note(self, text: str) -> None:
         """Shows a note in the banner."""
@@ -357,10 +358,11 @@ class Canvas(QWidget):
         self._banner_box.show()
         self._banner_error = False
 
-    def clear_error(self) -> None:
+    def clear_error(self, about: str = "") -> None:
         """Hides the banner when it shows an error (a note stays): called when something
-        the user did next worked, so an error about an earlier attempt does not linger."""
-        if self._banner_error:
+        the user did next worked, so an error about an earlier attempt does not linger.
+        With ``about``, only an error shown about that."""
+        if self._banner_error and (not about or self._banner_error == about):
             self.clear_banner()
 
     def banner_text(self) -> str:

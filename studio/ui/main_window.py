@@ -188,6 +188,9 @@ class MainWindow(QMainWindow):
         except Exception:  # a convenience: never keeps the window from opening
             log.exception("restoring the saved draft failed")
         self.params.draftChanged.connect(self._draft_timer.start)
+        # "Cannot generate yet" goes once the settings are fixed, not at the next success
+        self.params.draftChanged.connect(
+            lambda: self.params.is_valid() and self.canvas.clear_error("draft"))
         self.params.prompt_edit.textChanged.connect(self._on_prompt_typed)
         self._unsubscribe = self.document.subscribe(self._on_document)
         self._update_actions()
@@ -395,14 +398,15 @@ class MainWindow(QMainWindow):
         task.add_done_callback(done)
         return task
 
-    def notify(self, text: str, error: bool = False) -> None:
-        """Tells the user something: the status bar, and the canvas banner for errors."""
+    def notify(self, text: str, error: bool = False, about: str = "") -> None:
+        """Tells the user something: the status bar, and the canvas banner for errors
+        (``about``: what an error is about, see :meth:`Canvas.show_error`)."""
         self.last_message = (text, error)
         # a message quoting a 10,000-character prompt is cut for the screen (the log has it)
         shown = text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS - 1] + "…"
         self.statusBar().showMessage(shown, 15000 if error else 8000)
         if error:
-            self.canvas.show_error(shown)
+            self.canvas.show_error(shown, about)
             log.warning("%s", text)
         else:  # something worked: an error about an earlier attempt no longer applies
             self.canvas.clear_error()
@@ -491,7 +495,7 @@ class MainWindow(QMainWindow):
         requests = self.params.batch_requests()
         if not requests:
             problems = "; ".join(str(p) for p in self.params.problems())
-            self.notify(f"Cannot generate yet: {problems}", True)
+            self.notify(f"Cannot generate yet: {problems}", True, about="draft")
             return []
         parent = self.params.parent_id
         gone = parent is not None and not self.document.has_variant(parent)

@@ -289,3 +289,42 @@ def test_folders_without_any_model_file_are_not_listed_as_models(tiny_models, tm
               if e.source == "folder"}
     assert sorted(listed) == ["broken", "good"]
     assert listed["good"].usable and "model_index.json" in listed["broken"].error
+
+
+def test_a_link_loop_in_a_broken_model_folder_does_not_hang_the_scan(tiny_models, tmp_path):
+    """Sizing a folder that fails its check walked linked folders: a link to ``/`` or ``..``
+    inside it kept the scan (and the studio's exit) going for ever."""
+    import os
+
+    broken = copy(tiny_models["flux"], tmp_path / "m")
+    for weights in (broken / "transformer").glob("*.safetensors"):
+        weights.unlink()
+    os.symlink("/", broken / "rootlink")
+    for i in range(3):
+        os.symlink("..", broken / "vae" / f"up{i}")
+    [entry] = [e for e in ModelRegistry([tmp_path], include_hf_cache=False).list()
+               if e.source == "folder"]
+    assert entry.error and entry.size_bytes < 10 * 2**20
+
+
+@pytest.mark.parametrize("capabilities,needle", [
+    ({"modes": ["t2v"]}, "modes: none of the modes given"),
+    ({"modes": "t2i"}, "must be a list of mode names"),
+    ({"max_steps": "ten"}, "max_steps='ten' must be a whole number"),
+    ({"spatial_multiple": 0}, "spatial_multiple=0 must be at least 1"),
+    ({"guidance_range": [5, 1]}, "guidance_range=[5, 1] must be [low, high]"),
+    ({"min_size": 128, "max_size": 64}, "min_size=128 is above max_size=64"),
+    ({"default_steps": 500}, "default_steps=500 must be in [1, 200]"),
+    ({"foo": 1}, "unexpected keyword argument 'foo'"),
+])
+def test_bad_capabilities_in_studio_json_make_the_model_unusable(tiny_models, tmp_path,
+                                                                  capabilities, needle):
+    """Values the settings panel and the CLI cannot work with are refused when the model is
+    listed, naming the field (before, the model was listed usable: picking it failed the
+    panel's handler half-way and left the panel stuck for every model, and the CLI said
+    "internal error")."""
+    folder = copy(tiny_models["flux"], tmp_path / "m")
+    (folder / "studio.json").write_text(json.dumps({"capabilities": capabilities}))
+    [entry] = [e for e in ModelRegistry([tmp_path], include_hf_cache=False).list()
+               if e.source == "folder"]
+    assert not entry.usable and needle in entry.error and "studio.json" in entry.error

@@ -735,3 +735,20 @@ def test_the_draft_is_saved_replaced_and_keeps_its_inputs(tmp_path):
         with project.transaction() as conn:
             conn.execute("UPDATE draft SET state_json = '{not json'")
         assert project.load_draft() is None and "cd" not in project.referenced_media()
+
+
+def test_another_programs_database_is_not_made_a_project(tmp_path):
+    """A project.sqlite with tables of its own but none of ours (another program's file):
+    refused, and left as it was (before, the project's 15 tables were written into it)."""
+    folder = tmp_path / "foreign"
+    folder.mkdir()
+    conn = sqlite3.connect(folder / "project.sqlite")
+    conn.execute("CREATE TABLE invoices (id INTEGER, amount REAL)")
+    conn.commit()
+    conn.close()
+    before = (folder / "project.sqlite").read_bytes()
+    with pytest.raises(ProjectError, match=r"another program's database \(tables: invoices\)"):
+        Project.open(folder)
+    assert (folder / "project.sqlite").read_bytes() == before
+    Project.create(tmp_path / "fine").close()  # and our own still open
+    Project.open(tmp_path / "fine").close()

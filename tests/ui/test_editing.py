@@ -353,7 +353,11 @@ def test_errors_do_not_linger_after_the_user_fixed_them(tmp_path, loop, make_win
     doc = project.document
     fill_prompt(w, "   ")
     assert w.generate() == [] and w.canvas.banner_text().startswith("Cannot generate yet")
-    fill_prompt(w, "a small object moves left on grass", seed=1)
+    fill_prompt(w, "a small object moves left on grass", seed=1)  # fixed: the banner goes
+    assert w.canvas.banner_text() == ""
+    w.notify("an export failed", error=True)  # an error about something else stays
+    w.params.steps_spin.setValue(5)
+    assert w.canvas.banner_text() == "an export failed"
     w.params.set_mode("t2v")
     w.params.set_size(64, 64)
     w.params.steps_spin.setValue(3)

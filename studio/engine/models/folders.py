@@ -185,9 +185,11 @@ def check_folder(folder: Path) -> tuple[dict, list[Path]]:
 
 
 def folder_size(folder: Path) -> int:
-    """Bytes on disk under ``folder`` (symlinks followed, as in the HF cache)."""
+    """Bytes on disk under ``folder``: linked files count at their target's size (the HF
+    cache links each file to its blob); linked folders are not entered (a link to ``/`` or
+    ``..`` in a damaged model folder made the scan walk the disk, or loop for ever)."""
     total = 0
-    for root, _dirs, files in os.walk(folder, followlinks=True):
+    for root, _dirs, files in os.walk(folder, followlinks=False):
         for f in files:
             try:
                 total += (Path(root) / f).stat().st_size

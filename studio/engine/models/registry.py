@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -333,7 +334,13 @@ class ModelRegistry:
         except (TypeError, ValueError) as exc:  # a studio.json with unknown or bad fields
             return replace(entry, error=f"{studio_json}: {exc}")
         if modes is not None:
+            if not isinstance(modes, list) or not all(isinstance(m, str) for m in modes):
+                return replace(entry, error=f"{studio_json}: capabilities.modes={modes!r} must "
+                                            f"be a list of mode names")
             caps = replace(caps, modes=frozenset(modes) & caps.modes)
+        why = _capabilities_error(caps)
+        if why:
+            return replace(entry, error=f"{studio_json}: capabilities.{why}")
         why = _attention_tuning_error(extra.get("attention"))
         if why:
             return replace(entry, error=f"{studio_json}: attention: {why}")
@@ -419,6 +426,48 @@ class ModelRegistry:
                 cached = weights_hash(entry.path, files)
             self._hash_cache[entry.load_key] = cached
         return cached
+
+
+_WHOLE_FIELDS = ("spatial_multiple", "frame_multiple", "min_size", "max_size", "max_pixels",
+                 "max_frames", "max_steps", "default_width", "default_height",
+                 "default_frames", "default_steps", "max_references")
+
+
+def _capabilities_error(caps) -> str:
+    """Why a model's capabilities (the family's, with its ``studio.json`` overrides) are
+    unusable, naming the field; "" when they are usable. Checked when the model is listed:
+    a bad value reached the settings panel, whose handler failed half-way and left it
+    stuck for every model, and the CLI, as an internal error."""
+    for name in _WHOLE_FIELDS:
+        value = getattr(caps, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{name}={value!r} must be a whole number"
+        if value < (0 if name == "max_references" else 1):
+            return f"{name}={value} must be at least {0 if name == 'max_references' else 1}"
+    for name in ("default_fps", "default_guidance"):
+        value = getattr(caps, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value):
+            return f"{name}={value!r} must be a number"
+    rng = caps.guidance_range
+    if not (isinstance(rng, tuple) and len(rng) == 2 and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            for x in rng) and rng[0] <= rng[1]):
+        return f"guidance_range={list(rng) if isinstance(rng, tuple) else rng!r} must be " \
+               f"[low, high] with low <= high"
+    if not caps.modes:
+        return "modes: none of the modes given is one this model's family runs"
+    if caps.min_size > caps.max_size:
+        return f"min_size={caps.min_size} is above max_size={caps.max_size}"
+    checks = (("default_width", caps.default_width, caps.min_size, caps.max_size),
+              ("default_height", caps.default_height, caps.min_size, caps.max_size),
+              ("default_steps", caps.default_steps, 1, caps.max_steps),
+              ("default_frames", caps.default_frames, 1, max(caps.max_frames, 1)),
+              ("default_guidance", caps.default_guidance, *rng))
+    for name, value, lo, hi in checks:
+        if not lo <= value <= hi:
+            return f"{name}={value} must be in [{lo}, {hi}]"
+    return ""
 
 
 def _attention_tuning_error(value) -> str:
