@@ -359,10 +359,11 @@ class Canvas(QWidget):
         self._banner_error = False
 
     def clear_error(self, about: str = "") -> None:
-        """Hides the banner when it shows an error (a note stays): called when something
-        the user did next worked, so an error about an earlier attempt does not linger.
-        With ``about``, only an error shown about that."""
-        if self._banner_error and (not about or self._banner_error == about):
+        """Hides the banner when it shows an error shown with the same ``about`` (a note
+        stays): called when something the user did next worked, or when what the error
+        was about is fixed, so that it does not linger. An error about something that
+        still stands (``"save"``: changes not in the file yet) goes only with its own."""
+        if self._banner_error and self._banner_error == (about or True):
             self.clear_banner()
 
     def banner_text(self) -> str:

@@ -304,11 +304,13 @@ class MainWindow(QMainWindow):
         after all: says so, and keeps trying while they are pending."""
         if error is None:
             self._save_retry.stop()
+            self.canvas.clear_error("save")
             self.notify("The project is saved again: no change was lost")
             return
         self.notify(f"Cannot save to the project ({error}): {pending} change(s) are kept "
                     f"and saved as soon as the disk takes them (free some space, and keep "
-                    f"the studio open until this says they are saved)", error=True)
+                    f"the studio open until this says they are saved)", error=True,
+                    about="save")
         if not self._save_retry.isActive():
             self._save_retry.start()
 
@@ -503,7 +505,8 @@ class MainWindow(QMainWindow):
             self.params.set_parent(None)
             parent = None
         ids = self.controller.generate(requests, parent)
-        self.canvas.clear_error()  # e.g. an earlier "Cannot generate yet"
+        self.canvas.clear_error()  # an earlier attempt's error
+        self.canvas.clear_error("draft")  # "Cannot generate yet"
         if gone:  # said, not done quietly: the user asked for branches of it
             self.notify("The variant to branch from was deleted or undone: the new variants "
                         "are new roots.", False)

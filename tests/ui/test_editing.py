@@ -301,6 +301,8 @@ def test_a_full_disk_is_said_and_the_edits_reach_the_file_when_space_returns(
     assert w._save_retry.isActive()
     w.save_draft()  # the draft's own save works meanwhile: the edits stay pending
     assert project.unsaved_changes == 2
+    w.notify("Settings copied")  # something else working does not hide that
+    assert w.canvas.banner_text().startswith("Cannot save to the project")
     full.full = False
     w._retry_save()  # what the timer does every few seconds
     assert "saved again: no change was lost" in w.statusBar().currentMessage()
