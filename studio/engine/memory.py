@@ -42,6 +42,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -101,8 +102,6 @@ class LiveBytes(TorchDispatchMode):
             del self._storages[key]
 
     def _is_weight(self, t) -> bool:
-        from torch._subclasses.fake_tensor import FakeTensor
-
         return isinstance(t, torch.Tensor) and (not isinstance(t, FakeTensor)
                                                 or t.untyped_storage()._cdata in self._weights)
 

@@ -495,10 +495,7 @@ class Project:
         """
         if self._unsaved:
             self._apply(())
-        if self._save_failing:
-            self._save_failing = False
-            if self.on_save_state is not None:
-                self.on_save_state(None, 0)
+        self._saved_again()
 
     @contextmanager
     def save_errors_raised(self) -> Iterator[None]:
@@ -526,7 +523,12 @@ class Project:
                       len(self._unsaved), exc)
             self.on_save_state(exc, len(self._unsaved))
             return
-        if self._save_failing and not self._unsaved:
+        if not self._unsaved:
+            self._saved_again()
+
+    def _saved_again(self) -> None:
+        """After a good save: tells :attr:`on_save_state` once that a failing save caught up."""
+        if self._save_failing:
             self._save_failing = False
             if self.on_save_state is not None:
                 self.on_save_state(None, 0)
