@@ -19,6 +19,9 @@ from studio.ui.controller import describe
 from studio.ui.media_cache import MediaCache
 from studio.ui.variants import variant_label
 
+#: how the studio's messages name the file of an export (the CLI's say ``out='x.png'``)
+EXPORT_LABEL = "export file"
+
 
 class ExportError(Exception):
     """An export cannot be made; the message says why in plain words."""
@@ -110,10 +113,6 @@ async def export_contact_sheet(document: Document, media: MediaCache, background
         return await background.call(write_contact_sheet, path, items, cell, slow=True)
     except (OSError, ValueError) as exc:
         raise ExportError(_write_failure(path, exc)) from None
-
-
-#: how the studio's messages name the file of an export (the CLI's say ``out='x.png'``)
-EXPORT_LABEL = "export file"
 
 
 def _write_failure(path: str | Path, exc: BaseException) -> str:

@@ -48,6 +48,7 @@ from studio.core.document import (
 )
 from studio.store.storyboard import StoryboardResult, StoryboardShot, render_storyboard
 from studio.ui.background import Background
+from studio.ui.exporting import EXPORT_LABEL
 from studio.ui.listsync import sync_rows
 from studio.ui.media_cache import MediaCache
 from studio.ui.param_widgets import DecimalSpinBox
@@ -558,7 +559,7 @@ class TimelinePanel(QWidget):
         if items is None:
             return None
         try:
-            check_output_path(path, label="export file")
+            check_output_path(path, label=EXPORT_LABEL)
         except ValueError as exc:  # the user's to fix: said plainly, no traceback
             self.message.emit(f"Export failed: {exc}", True)
             return None
